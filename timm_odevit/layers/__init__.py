@@ -1,0 +1,5 @@
+"""Building blocks that know nothing of timm's model registry."""
+from .block import FieldBlock
+from .integrators import ADAPTIVE_METHODS, FIXED_GRID_METHODS, DiscreteDepth, LoopedDepth, OdeDepth, OdeSolverError
+from .mixers import MIXERS, IdentityMixer, MultiHeadAttention, SeparableGaussianMixer, create_mixer
+from .norm import CenterNorm

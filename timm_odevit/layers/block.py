@@ -1,0 +1,68 @@
+"""The vector-field block shared by every depth setting: f(x) = mixer(CN_a(x)) + mlp(CN_m(x))."""
+from typing import Any, Dict, Optional, Tuple, Type
+
+import torch
+from torch import nn
+from timm.layers import DropPath, Mlp
+
+from .mixers import create_mixer
+from .norm import CenterNorm
+
+__all__ = ['FieldBlock']
+
+# sup |GELU'(x)|: GELU is Lipschitz with this constant
+GELU_LIPSCHITZ = 1.1289
+
+
+class FieldBlock(nn.Module):
+    """A transformer block written as a vector field, mixer and MLP in parallel on the same input.
+
+    It returns the update f(x), not x + f(x): the depth integrator decides how updates are applied (one residual
+    step per block, one shared block looped, or an ODE solver), which is what lets the discrete, looped and
+    continuous trunks share this one block.
+    """
+
+    def __init__(
+            self,
+            dim: int,
+            num_heads: int,
+            mixer: str = 'attention',
+            mlp_ratio: float = 4.,
+            bias: bool = False,
+            norm_layer: Type[nn.Module] = CenterNorm,
+            act_layer: Type[nn.Module] = nn.GELU,
+            proj_drop: float = 0.,
+            attn_drop: float = 0.,
+            drop_path: float = 0.,
+            mixer_kwargs: Optional[Dict[str, Any]] = None,
+            device=None,
+            dtype=None,
+    ) -> None:
+        super().__init__()
+        dd = {'device': device, 'dtype': dtype}
+        self.norm_mixer = norm_layer(dim, **dd)
+        self.mixer = create_mixer(
+            mixer, dim, num_heads, bias=bias, attn_drop=attn_drop, proj_drop=proj_drop, **(mixer_kwargs or {}), **dd)
+        self.norm_mlp = norm_layer(dim, **dd)
+        self.mlp = Mlp(dim, int(dim * mlp_ratio), act_layer=act_layer, bias=bias, drop=proj_drop, **dd)
+        self.drop_path = DropPath(drop_path) if drop_path > 0. else nn.Identity()
+
+    def forward(self, x: torch.Tensor, grid_size: Tuple[int, int]) -> torch.Tensor:
+        return self.drop_path(self.mixer(self.norm_mixer(x), grid_size) + self.mlp(self.norm_mlp(x)))
+
+    def forward_with_attn(self, x: torch.Tensor, grid_size: Tuple[int, int]) -> Tuple[torch.Tensor, torch.Tensor]:
+        """The update and the mixer's attention maps [B, heads, N, N] (dense-attention mixers only)."""
+        mixed, attn = self.mixer(self.norm_mixer(x), grid_size, return_attn=True)
+        return self.drop_path(mixed + self.mlp(self.norm_mlp(x))), attn
+
+    @torch.no_grad()
+    def lipschitz_bound(self, grid_size: Tuple[int, int], num_prefix_tokens: int = 0) -> torch.Tensor:
+        """Upper bound of the field's Lipschitz constant, when its mixer has one (SSoG, identity)."""
+        if not hasattr(self.mixer, 'lipschitz_bound'):
+            raise TypeError(f'{type(self.mixer).__name__} has no global Lipschitz bound (softmax attention is not '
+                            'globally Lipschitz); use the separable Gaussian mixer.')
+        mixer = self.mixer.lipschitz_bound(grid_size, num_prefix_tokens) * self.norm_mixer.lipschitz_bound()
+        fc1 = torch.linalg.matrix_norm(self.mlp.fc1.weight.float(), ord=2)
+        fc2 = torch.linalg.matrix_norm(self.mlp.fc2.weight.float(), ord=2)
+        mlp = fc2 * GELU_LIPSCHITZ * fc1 * self.norm_mlp.lipschitz_bound()
+        return mixer + mlp

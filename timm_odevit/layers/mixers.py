@@ -1,0 +1,244 @@
+"""Token mixers: dense softmax attention, the separable sum-of-Gaussians mixer, and the identity floor.
+
+Every mixer takes tokens laid out as [prefix tokens (CLS, registers), patch tokens in row-major grid order]
+and is called as ``mixer(x, grid_size)``; only the Gaussian mixer needs the grid, the others ignore it.
+"""
+import math
+from typing import Optional, Tuple, Union
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+__all__ = ['MultiHeadAttention', 'SeparableGaussianMixer', 'IdentityMixer', 'create_mixer', 'MIXERS']
+
+
+class MultiHeadAttention(nn.Module):
+    """Softmax multi-head self-attention.
+
+    With ``bias=False`` this is the ODE-ViT attention; with the same settings as a ``SeparableGaussianMixer``
+    it is that mixer's dense twin. Fused through ``F.scaled_dot_product_attention`` unless the attention
+    maps are asked for, in which case they are computed explicitly and returned.
+    """
+    supports_attn_maps = True
+
+    def __init__(
+            self,
+            dim: int,
+            num_heads: int = 8,
+            bias: bool = False,
+            attn_drop: float = 0.,
+            proj_drop: float = 0.,
+            device=None,
+            dtype=None,
+    ) -> None:
+        super().__init__()
+        dd = {'device': device, 'dtype': dtype}
+        if dim % num_heads:
+            raise ValueError(f'dim ({dim}) must be divisible by num_heads ({num_heads}).')
+        self.num_heads = num_heads
+        self.head_dim = dim // num_heads
+        self.scale = self.head_dim ** -0.5
+        self.qkv = nn.Linear(dim, dim * 3, bias=bias, **dd)
+        self.attn_drop = attn_drop
+        self.proj = nn.Linear(dim, dim, bias=bias, **dd)
+        self.proj_drop = nn.Dropout(proj_drop)
+
+    def forward(
+            self,
+            x: torch.Tensor,
+            grid_size: Optional[Tuple[int, int]] = None,
+            return_attn: bool = False,
+    ) -> Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]:
+        B, N, C = x.shape
+        q, k, v = self.qkv(x).reshape(B, N, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
+        attn_drop = self.attn_drop if self.training else 0.
+        if return_attn:
+            attn = (q * self.scale) @ k.transpose(-2, -1)
+            attn = attn.softmax(dim=-1)
+            out = F.dropout(attn, attn_drop) @ v
+        else:
+            out = F.scaled_dot_product_attention(q, k, v, dropout_p=attn_drop)
+        out = self.proj_drop(self.proj(out.transpose(1, 2).reshape(B, N, C)))
+        return (out, attn) if return_attn else out
+
+
+def gaussian_kernel_matrix(size: int, sigma: torch.Tensor, offset: torch.Tensor) -> torch.Tensor:
+    """Row-normalized 1-D Gaussian matrices G[..., i, j] ∝ exp(-(i - j - offset)^2 / (2 sigma^2)).
+
+    ``sigma`` and ``offset`` are in patch units with any leading shape; the result has that shape + (size, size).
+    Row normalization is a softmax over j, which stays finite however small sigma gets.
+    """
+    idx = torch.arange(size, device=sigma.device, dtype=sigma.dtype)
+    diff = idx[:, None] - idx[None, :]  # i - j
+    logits = -(diff - offset[..., None, None]) ** 2 / (2 * sigma[..., None, None] ** 2)
+    return logits.softmax(dim=-1)
+
+
+class SeparableGaussianMixer(nn.Module):
+    """Separable sum-of-Gaussians token mixer (SSoG; our reading of the paper, see the README).
+
+    Per head h, values V_h = X W_v laid out on the H x W patch grid are mixed as
+    ``Y_h = sum_k a_{h,k} G^y_{h,k} V_h (G^x_{h,k})^T`` with row-normalized Gaussian matrices whose widths (and,
+    optionally, offsets) are learned in patch units, so one set of weights serves any grid. The two axes are two
+    small matmuls, O(N (H + W) C) work; the N x N token matrix is never formed. Mixture weights a_{h,.} are a
+    softmax, so each head's operator is an average and the mixer's Lipschitz constant has a cheap bound.
+
+    Prefix tokens (CLS, registers) do not take part in the grid mixing: with ``prefix_mixing='mean'`` they
+    receive the mean of the patch values, with ``'none'`` nothing (the MLP alone moves them).
+    """
+    supports_attn_maps = False
+
+    def __init__(
+            self,
+            dim: int,
+            num_heads: int = 8,
+            num_gaussians: int = 4,
+            bias: bool = False,
+            learn_offset: bool = False,
+            prefix_mixing: str = 'mean',
+            init_sigmas: Tuple[float, float] = (0.5, 8.0),
+            proj_drop: float = 0.,
+            device=None,
+            dtype=None,
+    ) -> None:
+        super().__init__()
+        dd = {'device': device, 'dtype': dtype}
+        if dim % num_heads:
+            raise ValueError(f'dim ({dim}) must be divisible by num_heads ({num_heads}).')
+        if num_gaussians < 1:
+            raise ValueError(f'num_gaussians must be >= 1, got {num_gaussians}.')
+        if prefix_mixing not in ('mean', 'none'):
+            raise ValueError(f"prefix_mixing must be 'mean' or 'none', got {prefix_mixing!r}.")
+        self.num_heads = num_heads
+        self.head_dim = dim // num_heads
+        self.num_gaussians = num_gaussians
+        self.prefix_mixing = prefix_mixing
+        self.init_sigmas = init_sigmas
+        self.v = nn.Linear(dim, dim, bias=bias, **dd)
+        self.proj = nn.Linear(dim, dim, bias=bias, **dd)
+        self.proj_drop = nn.Dropout(proj_drop)
+        # separate sigma per axis: images are not isotropic in what they need to mix
+        self.log_sigma = nn.Parameter(torch.empty(2, num_heads, num_gaussians, **dd))
+        offset = torch.zeros(2, num_heads, num_gaussians, **dd)
+        if learn_offset:
+            self.offset = nn.Parameter(offset)
+        else:
+            # a buffer, not a frozen Parameter: every Parameter of a timm model is expected to train
+            self.register_buffer('offset', offset)
+        self.mix_logits = nn.Parameter(torch.zeros(num_heads, num_gaussians, **dd))
+        self.reset_kernel_parameters()
+
+    def reset_kernel_parameters(self) -> None:
+        """Spread the initial widths geometrically from local to near-global, equal mixture weights."""
+        if self.log_sigma.is_meta:
+            return
+        lo, hi = self.init_sigmas
+        sig = torch.logspace(math.log10(lo), math.log10(hi), self.num_gaussians, dtype=torch.float32)
+        with torch.no_grad():
+            self.log_sigma.copy_(sig.log().to(self.log_sigma).expand_as(self.log_sigma))
+            self.offset.zero_()
+            self.mix_logits.zero_()
+
+    def kernels(self, grid_size: Tuple[int, int]) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(G^y [heads, K, H, H], G^x [heads, K, W, W], mixture weights [heads, K]) for a grid."""
+        H, W = grid_size
+        sigma = self.log_sigma.exp()
+        gy = gaussian_kernel_matrix(H, sigma[0], self.offset[0])
+        gx = gaussian_kernel_matrix(W, sigma[1], self.offset[1])
+        return gy, gx, self.mix_logits.softmax(dim=-1)
+
+    def forward(
+            self,
+            x: torch.Tensor,
+            grid_size: Optional[Tuple[int, int]] = None,
+            return_attn: bool = False,
+    ) -> torch.Tensor:
+        if return_attn:
+            raise RuntimeError(
+                'SeparableGaussianMixer forms no attention map; use dense_operator(grid_size) for its N x N '
+                'equivalent on small grids, or a dense-attention model for attention-map losses.')
+        if grid_size is None:
+            raise ValueError('SeparableGaussianMixer needs the patch grid size (H, W) of the tokens.')
+        B, N, C = x.shape
+        H, W = grid_size
+        num_prefix = N - H * W
+        if num_prefix < 0:
+            raise ValueError(f'{N} tokens cannot hold a {H}x{W} patch grid.')
+        v = self.v(x)
+        gy, gx, mix = self.kernels(grid_size)
+        gy = gy * mix[..., None, None].to(gy)
+        vp = v[:, num_prefix:].reshape(B, H, W, self.num_heads, self.head_dim)
+        # x axis, then y axis with the mixture sum folded into the same contraction over (k, row)
+        t = torch.einsum('hkvw,bywhd->bhkyvd', gx.to(v.dtype), vp)
+        y = torch.einsum('hkuy,bhkyvd->buvhd', gy.to(v.dtype), t).reshape(B, H * W, C)
+        if num_prefix:
+            if self.prefix_mixing == 'mean':
+                prefix = vp.mean(dim=(1, 2)).reshape(B, 1, C).expand(B, num_prefix, C)
+            else:
+                prefix = v.new_zeros(B, num_prefix, C)
+            y = torch.cat([prefix, y], dim=1)
+        return self.proj_drop(self.proj(y))
+
+    def dense_operator(self, grid_size: Tuple[int, int]) -> torch.Tensor:
+        """The [heads, H*W, H*W] token-mixing matrix this mixer applies to the patch values (for small grids)."""
+        gy, gx, mix = self.kernels(grid_size)
+        H, W = grid_size
+        op = torch.einsum('hk,hkac,hkbd->habcd', mix, gy, gx)
+        return op.reshape(self.num_heads, H * W, H * W)
+
+    @torch.no_grad()
+    def lipschitz_bound(self, grid_size: Tuple[int, int], num_prefix_tokens: int = 0) -> torch.Tensor:
+        """Upper bound of the mixer's Lipschitz constant (l2 over all tokens) for the current kernels.
+
+        Each head's grid operator sum_k a_k (G^y_k kron G^x_k) has spectral norm at most
+        sum_k a_k ||G^y_k|| ||G^x_k||, with ||G|| <= sqrt(||G||_1 ||G||_inf) = sqrt(max column sum) since rows sum
+        to one. Prefix rows (the patch mean, norm 1/sqrt(N)) stack on top: sqrt(p / N + ||grid op||^2). Heads are
+        block-diagonal (max over heads); the value and output projections multiply in their spectral norms.
+        """
+        gy, gx, mix = self.kernels(grid_size)
+        norm_y = gy.sum(dim=-2).amax(dim=-1).sqrt()
+        norm_x = gx.sum(dim=-2).amax(dim=-1).sqrt()
+        grid_norm = (mix * norm_y * norm_x).sum(dim=-1).amax()
+        n = grid_size[0] * grid_size[1]
+        if num_prefix_tokens and self.prefix_mixing == 'mean':
+            grid_norm = (num_prefix_tokens / n + grid_norm ** 2).sqrt()
+        w_v = torch.linalg.matrix_norm(self.v.weight.float(), ord=2)
+        w_o = torch.linalg.matrix_norm(self.proj.weight.float(), ord=2)
+        return w_o * grid_norm.float() * w_v
+
+    def extra_repr(self) -> str:
+        return f'num_heads={self.num_heads}, num_gaussians={self.num_gaussians}, prefix_mixing={self.prefix_mixing}'
+
+
+class IdentityMixer(nn.Module):
+    """No token mixing at all: the cost floor of everything else in a block (for benchmarks)."""
+    supports_attn_maps = False
+
+    def __init__(self, dim: int, num_heads: int = 1, bias: bool = False, device=None, dtype=None, **kwargs) -> None:
+        super().__init__()
+
+    def forward(self, x: torch.Tensor, grid_size: Optional[Tuple[int, int]] = None, return_attn: bool = False):
+        if return_attn:
+            raise RuntimeError('IdentityMixer forms no attention map.')
+        return x
+
+
+MIXERS = {
+    'attention': MultiHeadAttention,
+    'ssog': SeparableGaussianMixer,
+    'identity': IdentityMixer,
+}
+
+
+def create_mixer(name: str, dim: int, num_heads: int, bias: bool, device=None, dtype=None, **kwargs) -> nn.Module:
+    """Build a token mixer by name; Gaussian-only options are dropped for the other mixers."""
+    if name not in MIXERS:
+        raise ValueError(f'Unknown token mixer {name!r}; choose one of {sorted(MIXERS)}.')
+    if name != 'ssog':
+        kwargs = {k: v for k, v in kwargs.items() if k in ('attn_drop', 'proj_drop')}
+        if name == 'identity':
+            kwargs = {}
+    else:
+        kwargs.pop('attn_drop', None)
+    return MIXERS[name](dim, num_heads=num_heads, bias=bias, device=device, dtype=dtype, **kwargs)

@@ -1,0 +1,3 @@
+"""Registered model families; importing this registers every entrypoint with timm."""
+from .trunk import DepthVisionTransformer, checkpoint_filter_fn, create_depth_vit
+from . import odevit, ssog

@@ -1,0 +1,223 @@
+"""SSoG families (separable sum-of-Gaussians token mixer) in discrete, looped and continuous depth, and the dense
+attention twins of the discrete and looped models. Each SSoG model and its twin differ only in the token mixer; the
+continuous model's dense twin is ``odevit_*`` (see odevit.py).
+"""
+from typing import Any
+
+from timm.models import generate_default_cfgs, register_model
+
+from .trunk import SMALL_IMAGE_ARGS, SMALL_IMAGE_CFG, WIDTHS, DepthVisionTransformer, create_depth_vit, depth_vit_cfg
+
+default_cfgs = generate_default_cfgs({
+    'ssog_vit_tiny': depth_vit_cfg(),
+    'ssog_vit_tiny_patch4_32': depth_vit_cfg(**SMALL_IMAGE_CFG),
+    'ssog_vit_small': depth_vit_cfg(),
+    'ssog_vit_small_patch4_32': depth_vit_cfg(**SMALL_IMAGE_CFG),
+    'ssog_vit_base': depth_vit_cfg(),
+    'ssog_vit_base_patch4_32': depth_vit_cfg(**SMALL_IMAGE_CFG),
+    'looped_ssog_tiny': depth_vit_cfg(),
+    'looped_ssog_tiny_patch4_32': depth_vit_cfg(**SMALL_IMAGE_CFG),
+    'looped_ssog_small': depth_vit_cfg(),
+    'looped_ssog_small_patch4_32': depth_vit_cfg(**SMALL_IMAGE_CFG),
+    'looped_ssog_base': depth_vit_cfg(),
+    'looped_ssog_base_patch4_32': depth_vit_cfg(**SMALL_IMAGE_CFG),
+    'ssog_ode_tiny': depth_vit_cfg(),
+    'ssog_ode_tiny_patch4_32': depth_vit_cfg(**SMALL_IMAGE_CFG),
+    'ssog_ode_small': depth_vit_cfg(),
+    'ssog_ode_small_patch4_32': depth_vit_cfg(**SMALL_IMAGE_CFG),
+    'ssog_ode_base': depth_vit_cfg(),
+    'ssog_ode_base_patch4_32': depth_vit_cfg(**SMALL_IMAGE_CFG),
+    'dense_vit_tiny': depth_vit_cfg(),
+    'dense_vit_tiny_patch4_32': depth_vit_cfg(**SMALL_IMAGE_CFG),
+    'dense_vit_small': depth_vit_cfg(),
+    'dense_vit_small_patch4_32': depth_vit_cfg(**SMALL_IMAGE_CFG),
+    'dense_vit_base': depth_vit_cfg(),
+    'dense_vit_base_patch4_32': depth_vit_cfg(**SMALL_IMAGE_CFG),
+    'looped_vit_tiny': depth_vit_cfg(),
+    'looped_vit_tiny_patch4_32': depth_vit_cfg(**SMALL_IMAGE_CFG),
+    'looped_vit_small': depth_vit_cfg(),
+    'looped_vit_small_patch4_32': depth_vit_cfg(**SMALL_IMAGE_CFG),
+    'looped_vit_base': depth_vit_cfg(),
+    'looped_vit_base_patch4_32': depth_vit_cfg(**SMALL_IMAGE_CFG),
+})
+
+
+@register_model
+def ssog_vit_tiny(pretrained: bool = False, **kwargs: Any) -> DepthVisionTransformer:
+    """SSoG-ViT Tiny at 224 px, patch 16: separable Gaussian mixer, 12 distinct blocks."""
+    model_args = dict(mixer='ssog', depth_mode='discrete', **WIDTHS['tiny'])
+    return create_depth_vit('ssog_vit_tiny', pretrained=pretrained, **dict(model_args, **kwargs))
+
+@register_model
+def ssog_vit_tiny_patch4_32(pretrained: bool = False, **kwargs: Any) -> DepthVisionTransformer:
+    """SSoG-ViT Tiny at 32 px, patch 4: separable Gaussian mixer, 12 distinct blocks."""
+    model_args = dict(mixer='ssog', depth_mode='discrete', **WIDTHS['tiny'], **SMALL_IMAGE_ARGS)
+    return create_depth_vit('ssog_vit_tiny_patch4_32', pretrained=pretrained, **dict(model_args, **kwargs))
+
+@register_model
+def ssog_vit_small(pretrained: bool = False, **kwargs: Any) -> DepthVisionTransformer:
+    """SSoG-ViT Small at 224 px, patch 16: separable Gaussian mixer, 12 distinct blocks."""
+    model_args = dict(mixer='ssog', depth_mode='discrete', **WIDTHS['small'])
+    return create_depth_vit('ssog_vit_small', pretrained=pretrained, **dict(model_args, **kwargs))
+
+@register_model
+def ssog_vit_small_patch4_32(pretrained: bool = False, **kwargs: Any) -> DepthVisionTransformer:
+    """SSoG-ViT Small at 32 px, patch 4: separable Gaussian mixer, 12 distinct blocks."""
+    model_args = dict(mixer='ssog', depth_mode='discrete', **WIDTHS['small'], **SMALL_IMAGE_ARGS)
+    return create_depth_vit('ssog_vit_small_patch4_32', pretrained=pretrained, **dict(model_args, **kwargs))
+
+@register_model
+def ssog_vit_base(pretrained: bool = False, **kwargs: Any) -> DepthVisionTransformer:
+    """SSoG-ViT Base at 224 px, patch 16: separable Gaussian mixer, 12 distinct blocks."""
+    model_args = dict(mixer='ssog', depth_mode='discrete', **WIDTHS['base'])
+    return create_depth_vit('ssog_vit_base', pretrained=pretrained, **dict(model_args, **kwargs))
+
+@register_model
+def ssog_vit_base_patch4_32(pretrained: bool = False, **kwargs: Any) -> DepthVisionTransformer:
+    """SSoG-ViT Base at 32 px, patch 4: separable Gaussian mixer, 12 distinct blocks."""
+    model_args = dict(mixer='ssog', depth_mode='discrete', **WIDTHS['base'], **SMALL_IMAGE_ARGS)
+    return create_depth_vit('ssog_vit_base_patch4_32', pretrained=pretrained, **dict(model_args, **kwargs))
+
+@register_model
+def looped_ssog_tiny(pretrained: bool = False, **kwargs: Any) -> DepthVisionTransformer:
+    """Looped SSoG Tiny at 224 px, patch 16: separable Gaussian mixer, one block looped 12 times."""
+    model_args = dict(mixer='ssog', depth_mode='looped', **WIDTHS['tiny'])
+    return create_depth_vit('looped_ssog_tiny', pretrained=pretrained, **dict(model_args, **kwargs))
+
+@register_model
+def looped_ssog_tiny_patch4_32(pretrained: bool = False, **kwargs: Any) -> DepthVisionTransformer:
+    """Looped SSoG Tiny at 32 px, patch 4: separable Gaussian mixer, one block looped 12 times."""
+    model_args = dict(mixer='ssog', depth_mode='looped', **WIDTHS['tiny'], **SMALL_IMAGE_ARGS)
+    return create_depth_vit('looped_ssog_tiny_patch4_32', pretrained=pretrained, **dict(model_args, **kwargs))
+
+@register_model
+def looped_ssog_small(pretrained: bool = False, **kwargs: Any) -> DepthVisionTransformer:
+    """Looped SSoG Small at 224 px, patch 16: separable Gaussian mixer, one block looped 12 times."""
+    model_args = dict(mixer='ssog', depth_mode='looped', **WIDTHS['small'])
+    return create_depth_vit('looped_ssog_small', pretrained=pretrained, **dict(model_args, **kwargs))
+
+@register_model
+def looped_ssog_small_patch4_32(pretrained: bool = False, **kwargs: Any) -> DepthVisionTransformer:
+    """Looped SSoG Small at 32 px, patch 4: separable Gaussian mixer, one block looped 12 times."""
+    model_args = dict(mixer='ssog', depth_mode='looped', **WIDTHS['small'], **SMALL_IMAGE_ARGS)
+    return create_depth_vit('looped_ssog_small_patch4_32', pretrained=pretrained, **dict(model_args, **kwargs))
+
+@register_model
+def looped_ssog_base(pretrained: bool = False, **kwargs: Any) -> DepthVisionTransformer:
+    """Looped SSoG Base at 224 px, patch 16: separable Gaussian mixer, one block looped 12 times."""
+    model_args = dict(mixer='ssog', depth_mode='looped', **WIDTHS['base'])
+    return create_depth_vit('looped_ssog_base', pretrained=pretrained, **dict(model_args, **kwargs))
+
+@register_model
+def looped_ssog_base_patch4_32(pretrained: bool = False, **kwargs: Any) -> DepthVisionTransformer:
+    """Looped SSoG Base at 32 px, patch 4: separable Gaussian mixer, one block looped 12 times."""
+    model_args = dict(mixer='ssog', depth_mode='looped', **WIDTHS['base'], **SMALL_IMAGE_ARGS)
+    return create_depth_vit('looped_ssog_base_patch4_32', pretrained=pretrained, **dict(model_args, **kwargs))
+
+@register_model
+def ssog_ode_tiny(pretrained: bool = False, **kwargs: Any) -> DepthVisionTransformer:
+    """SSoG-ODE Tiny at 224 px, patch 16: separable Gaussian mixer, continuous depth (12 Euler steps on [0, 12])."""
+    model_args = dict(mixer='ssog', depth_mode='ode', **WIDTHS['tiny'])
+    return create_depth_vit('ssog_ode_tiny', pretrained=pretrained, **dict(model_args, **kwargs))
+
+@register_model
+def ssog_ode_tiny_patch4_32(pretrained: bool = False, **kwargs: Any) -> DepthVisionTransformer:
+    """SSoG-ODE Tiny at 32 px, patch 4: separable Gaussian mixer, continuous depth (12 Euler steps on [0, 12])."""
+    model_args = dict(mixer='ssog', depth_mode='ode', **WIDTHS['tiny'], **SMALL_IMAGE_ARGS)
+    return create_depth_vit('ssog_ode_tiny_patch4_32', pretrained=pretrained, **dict(model_args, **kwargs))
+
+@register_model
+def ssog_ode_small(pretrained: bool = False, **kwargs: Any) -> DepthVisionTransformer:
+    """SSoG-ODE Small at 224 px, patch 16: separable Gaussian mixer, continuous depth (12 Euler steps on [0, 12])."""
+    model_args = dict(mixer='ssog', depth_mode='ode', **WIDTHS['small'])
+    return create_depth_vit('ssog_ode_small', pretrained=pretrained, **dict(model_args, **kwargs))
+
+@register_model
+def ssog_ode_small_patch4_32(pretrained: bool = False, **kwargs: Any) -> DepthVisionTransformer:
+    """SSoG-ODE Small at 32 px, patch 4: separable Gaussian mixer, continuous depth (12 Euler steps on [0, 12])."""
+    model_args = dict(mixer='ssog', depth_mode='ode', **WIDTHS['small'], **SMALL_IMAGE_ARGS)
+    return create_depth_vit('ssog_ode_small_patch4_32', pretrained=pretrained, **dict(model_args, **kwargs))
+
+@register_model
+def ssog_ode_base(pretrained: bool = False, **kwargs: Any) -> DepthVisionTransformer:
+    """SSoG-ODE Base at 224 px, patch 16: separable Gaussian mixer, continuous depth (12 Euler steps on [0, 12])."""
+    model_args = dict(mixer='ssog', depth_mode='ode', **WIDTHS['base'])
+    return create_depth_vit('ssog_ode_base', pretrained=pretrained, **dict(model_args, **kwargs))
+
+@register_model
+def ssog_ode_base_patch4_32(pretrained: bool = False, **kwargs: Any) -> DepthVisionTransformer:
+    """SSoG-ODE Base at 32 px, patch 4: separable Gaussian mixer, continuous depth (12 Euler steps on [0, 12])."""
+    model_args = dict(mixer='ssog', depth_mode='ode', **WIDTHS['base'], **SMALL_IMAGE_ARGS)
+    return create_depth_vit('ssog_ode_base_patch4_32', pretrained=pretrained, **dict(model_args, **kwargs))
+
+@register_model
+def dense_vit_tiny(pretrained: bool = False, **kwargs: Any) -> DepthVisionTransformer:
+    """Dense-ViT Tiny at 224 px, patch 16: dense twin of ssog_vit: softmax attention, 12 distinct blocks."""
+    model_args = dict(mixer='attention', depth_mode='discrete', **WIDTHS['tiny'])
+    return create_depth_vit('dense_vit_tiny', pretrained=pretrained, **dict(model_args, **kwargs))
+
+@register_model
+def dense_vit_tiny_patch4_32(pretrained: bool = False, **kwargs: Any) -> DepthVisionTransformer:
+    """Dense-ViT Tiny at 32 px, patch 4: dense twin of ssog_vit: softmax attention, 12 distinct blocks."""
+    model_args = dict(mixer='attention', depth_mode='discrete', **WIDTHS['tiny'], **SMALL_IMAGE_ARGS)
+    return create_depth_vit('dense_vit_tiny_patch4_32', pretrained=pretrained, **dict(model_args, **kwargs))
+
+@register_model
+def dense_vit_small(pretrained: bool = False, **kwargs: Any) -> DepthVisionTransformer:
+    """Dense-ViT Small at 224 px, patch 16: dense twin of ssog_vit: softmax attention, 12 distinct blocks."""
+    model_args = dict(mixer='attention', depth_mode='discrete', **WIDTHS['small'])
+    return create_depth_vit('dense_vit_small', pretrained=pretrained, **dict(model_args, **kwargs))
+
+@register_model
+def dense_vit_small_patch4_32(pretrained: bool = False, **kwargs: Any) -> DepthVisionTransformer:
+    """Dense-ViT Small at 32 px, patch 4: dense twin of ssog_vit: softmax attention, 12 distinct blocks."""
+    model_args = dict(mixer='attention', depth_mode='discrete', **WIDTHS['small'], **SMALL_IMAGE_ARGS)
+    return create_depth_vit('dense_vit_small_patch4_32', pretrained=pretrained, **dict(model_args, **kwargs))
+
+@register_model
+def dense_vit_base(pretrained: bool = False, **kwargs: Any) -> DepthVisionTransformer:
+    """Dense-ViT Base at 224 px, patch 16: dense twin of ssog_vit: softmax attention, 12 distinct blocks."""
+    model_args = dict(mixer='attention', depth_mode='discrete', **WIDTHS['base'])
+    return create_depth_vit('dense_vit_base', pretrained=pretrained, **dict(model_args, **kwargs))
+
+@register_model
+def dense_vit_base_patch4_32(pretrained: bool = False, **kwargs: Any) -> DepthVisionTransformer:
+    """Dense-ViT Base at 32 px, patch 4: dense twin of ssog_vit: softmax attention, 12 distinct blocks."""
+    model_args = dict(mixer='attention', depth_mode='discrete', **WIDTHS['base'], **SMALL_IMAGE_ARGS)
+    return create_depth_vit('dense_vit_base_patch4_32', pretrained=pretrained, **dict(model_args, **kwargs))
+
+@register_model
+def looped_vit_tiny(pretrained: bool = False, **kwargs: Any) -> DepthVisionTransformer:
+    """Looped dense ViT Tiny at 224 px, patch 16: dense twin of looped_ssog: softmax attention, one block looped 12 times."""
+    model_args = dict(mixer='attention', depth_mode='looped', **WIDTHS['tiny'])
+    return create_depth_vit('looped_vit_tiny', pretrained=pretrained, **dict(model_args, **kwargs))
+
+@register_model
+def looped_vit_tiny_patch4_32(pretrained: bool = False, **kwargs: Any) -> DepthVisionTransformer:
+    """Looped dense ViT Tiny at 32 px, patch 4: dense twin of looped_ssog: softmax attention, one block looped 12 times."""
+    model_args = dict(mixer='attention', depth_mode='looped', **WIDTHS['tiny'], **SMALL_IMAGE_ARGS)
+    return create_depth_vit('looped_vit_tiny_patch4_32', pretrained=pretrained, **dict(model_args, **kwargs))
+
+@register_model
+def looped_vit_small(pretrained: bool = False, **kwargs: Any) -> DepthVisionTransformer:
+    """Looped dense ViT Small at 224 px, patch 16: dense twin of looped_ssog: softmax attention, one block looped 12 times."""
+    model_args = dict(mixer='attention', depth_mode='looped', **WIDTHS['small'])
+    return create_depth_vit('looped_vit_small', pretrained=pretrained, **dict(model_args, **kwargs))
+
+@register_model
+def looped_vit_small_patch4_32(pretrained: bool = False, **kwargs: Any) -> DepthVisionTransformer:
+    """Looped dense ViT Small at 32 px, patch 4: dense twin of looped_ssog: softmax attention, one block looped 12 times."""
+    model_args = dict(mixer='attention', depth_mode='looped', **WIDTHS['small'], **SMALL_IMAGE_ARGS)
+    return create_depth_vit('looped_vit_small_patch4_32', pretrained=pretrained, **dict(model_args, **kwargs))
+
+@register_model
+def looped_vit_base(pretrained: bool = False, **kwargs: Any) -> DepthVisionTransformer:
+    """Looped dense ViT Base at 224 px, patch 16: dense twin of looped_ssog: softmax attention, one block looped 12 times."""
+    model_args = dict(mixer='attention', depth_mode='looped', **WIDTHS['base'])
+    return create_depth_vit('looped_vit_base', pretrained=pretrained, **dict(model_args, **kwargs))
+
+@register_model
+def looped_vit_base_patch4_32(pretrained: bool = False, **kwargs: Any) -> DepthVisionTransformer:
+    """Looped dense ViT Base at 32 px, patch 4: dense twin of looped_ssog: softmax attention, one block looped 12 times."""
+    model_args = dict(mixer='attention', depth_mode='looped', **WIDTHS['base'], **SMALL_IMAGE_ARGS)
+    return create_depth_vit('looped_vit_base_patch4_32', pretrained=pretrained, **dict(model_args, **kwargs))
