@@ -188,8 +188,8 @@ class OdeDepth(_DepthBase):
         if not self.t_end > 0:
             raise ValueError(f't_end must be > 0, got {t_end}.')
         self.nfe_counts: Dict[str, int] = {'forward': 0, 'backward': 0}
-        self.set_solver(method=method, steps=steps or num_layers, rtol=rtol, atol=atol, adjoint=adjoint,
-                        max_nfe=max_nfe)
+        self.set_solver(method=method, steps=num_layers if steps is None else steps, rtol=rtol, atol=atol,
+                        adjoint=adjoint, max_nfe=max_nfe)
 
     def set_solver(
             self,
@@ -232,11 +232,28 @@ class OdeDepth(_DepthBase):
 
     def layer_times(self) -> torch.Tensor:
         """The times of this trunk's layers, t_1..t_L (t_0 = 0 is the input)."""
-        return torch.linspace(0., self.t_end, self.num_layers + 1)[1:]
+        return torch.linspace(0., self.t_end, self.num_layers + 1, dtype=torch.float64)[1:]
+
+    def _fixed_grid(self, func: nn.Module, y0: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+        """The solver grid between t[0] and t[-1]: the uniform grid of ``steps`` steps over [0, t_end], cut to the
+        span, so a solve that stops early (or the adjoint's backward pieces) keeps the same grid points."""
+        # the adjoint integrates backwards in negated time: map to forward time, build, map back
+        sign = -1.0 if float(t[0]) < 0 and float(t[-1]) <= 0 else 1.0
+        a, b = sign * float(t[0]), sign * float(t[-1])
+        lo, hi = min(a, b), max(a, b)
+        uniform = torch.linspace(0., self.t_end, self.steps + 1, dtype=torch.float64)
+        eps = 1e-6 * self.t_end
+        inner = uniform[(uniform > lo + eps) & (uniform < hi - eps)]
+        grid = torch.cat([uniform.new_tensor([lo]), inner, uniform.new_tensor([hi])])
+        if a > b:
+            grid = grid.flip(0)
+        grid = (sign * grid).to(t)
+        grid[0], grid[-1] = t[0], t[-1]
+        return grid
 
     def solve(self, x: torch.Tensor, grid_size: Tuple[int, int], times: torch.Tensor) -> torch.Tensor:
         """States at ``times`` (increasing, within (0, t_end], in one solve): a tensor [len(times), *x.shape]."""
-        times = torch.as_tensor(times, dtype=torch.float32)
+        times = torch.as_tensor(times, dtype=torch.float64)
         if times.ndim != 1 or len(times) == 0:
             raise ValueError('times must be a non-empty 1-D sequence.')
         if (times[1:] <= times[:-1]).any() or times[0] <= 0 or times[-1] > self.t_end + 1e-6:
@@ -246,18 +263,7 @@ class OdeDepth(_DepthBase):
         if x.is_meta:
             # meta tensors carry shapes only; torchdiffeq's checks need values
             return torch.stack([x + self.block(x, grid_size) for _ in range(len(times))])
-        if self.adaptive:
-            steps = None
-            options = {}
-        else:
-            steps = self.steps
-            options = {'grid_constructor': lambda f, y0, tt: torch.linspace(0., self.t_end, steps + 1).to(tt)}
-            if times[-1] < self.t_end - 1e-6:
-                # solve only as far as needed: the grid must end where the output times end
-                n = max(1, math.ceil(steps * float(times[-1]) / self.t_end - 1e-6))
-                t_stop = float(times[-1])
-                options = {'grid_constructor': lambda f, y0, tt: torch.cat([
-                    torch.linspace(0., self.t_end, steps + 1)[:n], torch.tensor([t_stop])]).to(tt)}
+        options = {} if self.adaptive else {'grid_constructor': self._fixed_grid}
         func = _OdeFunc(self, grid_size, check_finite=self.adaptive)
         t = t.to(torch.float32 if x.dtype in (torch.float16, torch.bfloat16) else x.dtype)
         kwargs = dict(rtol=self.rtol, atol=self.atol, method=self.method, options=options)
@@ -300,9 +306,9 @@ class OdeDepth(_DepthBase):
 
     def prune(self, num_layers: int) -> None:
         """Keep the first ``num_layers`` layers: the interval and the fixed step size shrink with them."""
-        scale = num_layers / self.num_layers
-        self.t_end *= scale
-        self.steps = max(1, round(self.steps * scale))
+        # the new end is exactly the kept layer's time, so pruned and unpruned solves share their grid points
+        self.steps = max(1, round(self.steps * num_layers / self.num_layers))
+        self.t_end = float(self.layer_times()[num_layers - 1])
         self.num_layers = num_layers
 
     def extra_repr(self) -> str:

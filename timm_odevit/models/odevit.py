@@ -28,37 +28,37 @@ default_cfgs = generate_default_cfgs({
 
 @register_model
 def odevit_tiny(pretrained: bool = False, **kwargs: Any) -> DepthVisionTransformer:
-    """ODE-ViT Tiny at 224 px, patch 16: dense twin of ssog_ode: softmax attention, continuous depth (12 Euler steps)."""
+    """ODE-ViT Tiny at 224 px, patch 16: softmax attention, continuous depth (twin of ssog_ode)."""
     model_args = dict(mixer='attention', depth_mode='ode', **WIDTHS['tiny'])
     return create_depth_vit('odevit_tiny', pretrained=pretrained, **dict(model_args, **kwargs))
 
 @register_model
 def odevit_tiny_patch4_32(pretrained: bool = False, **kwargs: Any) -> DepthVisionTransformer:
-    """ODE-ViT Tiny at 32 px, patch 4: dense twin of ssog_ode: softmax attention, continuous depth (12 Euler steps)."""
+    """ODE-ViT Tiny at 32 px, patch 4: softmax attention, continuous depth (twin of ssog_ode)."""
     model_args = dict(mixer='attention', depth_mode='ode', **WIDTHS['tiny'], **SMALL_IMAGE_ARGS)
     return create_depth_vit('odevit_tiny_patch4_32', pretrained=pretrained, **dict(model_args, **kwargs))
 
 @register_model
 def odevit_small(pretrained: bool = False, **kwargs: Any) -> DepthVisionTransformer:
-    """ODE-ViT Small at 224 px, patch 16: dense twin of ssog_ode: softmax attention, continuous depth (12 Euler steps)."""
+    """ODE-ViT Small at 224 px, patch 16: softmax attention, continuous depth (twin of ssog_ode)."""
     model_args = dict(mixer='attention', depth_mode='ode', **WIDTHS['small'])
     return create_depth_vit('odevit_small', pretrained=pretrained, **dict(model_args, **kwargs))
 
 @register_model
 def odevit_small_patch4_32(pretrained: bool = False, **kwargs: Any) -> DepthVisionTransformer:
-    """ODE-ViT Small at 32 px, patch 4: dense twin of ssog_ode: softmax attention, continuous depth (12 Euler steps)."""
+    """ODE-ViT Small at 32 px, patch 4: softmax attention, continuous depth (twin of ssog_ode)."""
     model_args = dict(mixer='attention', depth_mode='ode', **WIDTHS['small'], **SMALL_IMAGE_ARGS)
     return create_depth_vit('odevit_small_patch4_32', pretrained=pretrained, **dict(model_args, **kwargs))
 
 @register_model
 def odevit_base(pretrained: bool = False, **kwargs: Any) -> DepthVisionTransformer:
-    """ODE-ViT Base at 224 px, patch 16: dense twin of ssog_ode: softmax attention, continuous depth (12 Euler steps)."""
+    """ODE-ViT Base at 224 px, patch 16: softmax attention, continuous depth (twin of ssog_ode)."""
     model_args = dict(mixer='attention', depth_mode='ode', **WIDTHS['base'])
     return create_depth_vit('odevit_base', pretrained=pretrained, **dict(model_args, **kwargs))
 
 @register_model
 def odevit_base_patch4_32(pretrained: bool = False, **kwargs: Any) -> DepthVisionTransformer:
-    """ODE-ViT Base at 32 px, patch 4: dense twin of ssog_ode: softmax attention, continuous depth (12 Euler steps)."""
+    """ODE-ViT Base at 32 px, patch 4: softmax attention, continuous depth (twin of ssog_ode)."""
     model_args = dict(mixer='attention', depth_mode='ode', **WIDTHS['base'], **SMALL_IMAGE_ARGS)
     return create_depth_vit('odevit_base_patch4_32', pretrained=pretrained, **dict(model_args, **kwargs))
 

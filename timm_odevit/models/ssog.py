@@ -152,72 +152,72 @@ def ssog_ode_base_patch4_32(pretrained: bool = False, **kwargs: Any) -> DepthVis
 
 @register_model
 def dense_vit_tiny(pretrained: bool = False, **kwargs: Any) -> DepthVisionTransformer:
-    """Dense-ViT Tiny at 224 px, patch 16: dense twin of ssog_vit: softmax attention, 12 distinct blocks."""
+    """Dense-ViT Tiny at 224 px, patch 16: softmax attention, 12 blocks (twin of ssog_vit)."""
     model_args = dict(mixer='attention', depth_mode='discrete', **WIDTHS['tiny'])
     return create_depth_vit('dense_vit_tiny', pretrained=pretrained, **dict(model_args, **kwargs))
 
 @register_model
 def dense_vit_tiny_patch4_32(pretrained: bool = False, **kwargs: Any) -> DepthVisionTransformer:
-    """Dense-ViT Tiny at 32 px, patch 4: dense twin of ssog_vit: softmax attention, 12 distinct blocks."""
+    """Dense-ViT Tiny at 32 px, patch 4: softmax attention, 12 blocks (twin of ssog_vit)."""
     model_args = dict(mixer='attention', depth_mode='discrete', **WIDTHS['tiny'], **SMALL_IMAGE_ARGS)
     return create_depth_vit('dense_vit_tiny_patch4_32', pretrained=pretrained, **dict(model_args, **kwargs))
 
 @register_model
 def dense_vit_small(pretrained: bool = False, **kwargs: Any) -> DepthVisionTransformer:
-    """Dense-ViT Small at 224 px, patch 16: dense twin of ssog_vit: softmax attention, 12 distinct blocks."""
+    """Dense-ViT Small at 224 px, patch 16: softmax attention, 12 blocks (twin of ssog_vit)."""
     model_args = dict(mixer='attention', depth_mode='discrete', **WIDTHS['small'])
     return create_depth_vit('dense_vit_small', pretrained=pretrained, **dict(model_args, **kwargs))
 
 @register_model
 def dense_vit_small_patch4_32(pretrained: bool = False, **kwargs: Any) -> DepthVisionTransformer:
-    """Dense-ViT Small at 32 px, patch 4: dense twin of ssog_vit: softmax attention, 12 distinct blocks."""
+    """Dense-ViT Small at 32 px, patch 4: softmax attention, 12 blocks (twin of ssog_vit)."""
     model_args = dict(mixer='attention', depth_mode='discrete', **WIDTHS['small'], **SMALL_IMAGE_ARGS)
     return create_depth_vit('dense_vit_small_patch4_32', pretrained=pretrained, **dict(model_args, **kwargs))
 
 @register_model
 def dense_vit_base(pretrained: bool = False, **kwargs: Any) -> DepthVisionTransformer:
-    """Dense-ViT Base at 224 px, patch 16: dense twin of ssog_vit: softmax attention, 12 distinct blocks."""
+    """Dense-ViT Base at 224 px, patch 16: softmax attention, 12 blocks (twin of ssog_vit)."""
     model_args = dict(mixer='attention', depth_mode='discrete', **WIDTHS['base'])
     return create_depth_vit('dense_vit_base', pretrained=pretrained, **dict(model_args, **kwargs))
 
 @register_model
 def dense_vit_base_patch4_32(pretrained: bool = False, **kwargs: Any) -> DepthVisionTransformer:
-    """Dense-ViT Base at 32 px, patch 4: dense twin of ssog_vit: softmax attention, 12 distinct blocks."""
+    """Dense-ViT Base at 32 px, patch 4: softmax attention, 12 blocks (twin of ssog_vit)."""
     model_args = dict(mixer='attention', depth_mode='discrete', **WIDTHS['base'], **SMALL_IMAGE_ARGS)
     return create_depth_vit('dense_vit_base_patch4_32', pretrained=pretrained, **dict(model_args, **kwargs))
 
 @register_model
 def looped_vit_tiny(pretrained: bool = False, **kwargs: Any) -> DepthVisionTransformer:
-    """Looped dense ViT Tiny at 224 px, patch 16: dense twin of looped_ssog: softmax attention, one block looped 12 times."""
+    """Looped dense ViT Tiny at 224 px, patch 16: softmax attention, one block looped (twin of looped_ssog)."""
     model_args = dict(mixer='attention', depth_mode='looped', **WIDTHS['tiny'])
     return create_depth_vit('looped_vit_tiny', pretrained=pretrained, **dict(model_args, **kwargs))
 
 @register_model
 def looped_vit_tiny_patch4_32(pretrained: bool = False, **kwargs: Any) -> DepthVisionTransformer:
-    """Looped dense ViT Tiny at 32 px, patch 4: dense twin of looped_ssog: softmax attention, one block looped 12 times."""
+    """Looped dense ViT Tiny at 32 px, patch 4: softmax attention, one block looped (twin of looped_ssog)."""
     model_args = dict(mixer='attention', depth_mode='looped', **WIDTHS['tiny'], **SMALL_IMAGE_ARGS)
     return create_depth_vit('looped_vit_tiny_patch4_32', pretrained=pretrained, **dict(model_args, **kwargs))
 
 @register_model
 def looped_vit_small(pretrained: bool = False, **kwargs: Any) -> DepthVisionTransformer:
-    """Looped dense ViT Small at 224 px, patch 16: dense twin of looped_ssog: softmax attention, one block looped 12 times."""
+    """Looped dense ViT Small at 224 px, patch 16: softmax attention, one block looped (twin of looped_ssog)."""
     model_args = dict(mixer='attention', depth_mode='looped', **WIDTHS['small'])
     return create_depth_vit('looped_vit_small', pretrained=pretrained, **dict(model_args, **kwargs))
 
 @register_model
 def looped_vit_small_patch4_32(pretrained: bool = False, **kwargs: Any) -> DepthVisionTransformer:
-    """Looped dense ViT Small at 32 px, patch 4: dense twin of looped_ssog: softmax attention, one block looped 12 times."""
+    """Looped dense ViT Small at 32 px, patch 4: softmax attention, one block looped (twin of looped_ssog)."""
     model_args = dict(mixer='attention', depth_mode='looped', **WIDTHS['small'], **SMALL_IMAGE_ARGS)
     return create_depth_vit('looped_vit_small_patch4_32', pretrained=pretrained, **dict(model_args, **kwargs))
 
 @register_model
 def looped_vit_base(pretrained: bool = False, **kwargs: Any) -> DepthVisionTransformer:
-    """Looped dense ViT Base at 224 px, patch 16: dense twin of looped_ssog: softmax attention, one block looped 12 times."""
+    """Looped dense ViT Base at 224 px, patch 16: softmax attention, one block looped (twin of looped_ssog)."""
     model_args = dict(mixer='attention', depth_mode='looped', **WIDTHS['base'])
     return create_depth_vit('looped_vit_base', pretrained=pretrained, **dict(model_args, **kwargs))
 
 @register_model
 def looped_vit_base_patch4_32(pretrained: bool = False, **kwargs: Any) -> DepthVisionTransformer:
-    """Looped dense ViT Base at 32 px, patch 4: dense twin of looped_ssog: softmax attention, one block looped 12 times."""
+    """Looped dense ViT Base at 32 px, patch 4: softmax attention, one block looped (twin of looped_ssog)."""
     model_args = dict(mixer='attention', depth_mode='looped', **WIDTHS['base'], **SMALL_IMAGE_ARGS)
     return create_depth_vit('looped_vit_base_patch4_32', pretrained=pretrained, **dict(model_args, **kwargs))

@@ -15,15 +15,17 @@ from timm.models._features import feature_take_indices
 from timm.models._input import update_model_input_size
 from timm.models.vision_transformer import global_pool_nlc
 
-from ..layers import CenterNorm, DiscreteDepth, FieldBlock, LoopedDepth, OdeDepth
+from ..layers import CenterNorm, DiscreteDepth, FieldBlock, LoopedDepth, OdeDepth, SeparableGaussianMixer
 
 __all__ = ['DepthVisionTransformer', 'create_depth_vit', 'checkpoint_filter_fn', 'depth_vit_cfg']
 
 DEPTH_MODES = ('discrete', 'looped', 'ode')
 POOL_TYPES = ('', 'token', 'avg', 'avgmax', 'max')
 
-# torchdiffeq's solver loop is data-dependent control flow: keep it a leaf for torch.fx feature extraction
+# torchdiffeq's solver loop and the Gaussian mixer's grid bookkeeping are data-dependent control flow: keep them
+# leaves for torch.fx feature extraction
 register_notrace_module(OdeDepth)
+register_notrace_module(SeparableGaussianMixer)
 
 
 @register_notrace_function

@@ -1,0 +1,154 @@
+"""Depth integrators: agreement between discrete, looped and ODE trunks, NFE, solver settings and failures."""
+import pytest
+import torch
+
+from timm_odevit.layers import FieldBlock, LoopedDepth, OdeDepth, OdeSolverError
+
+GRID = (3, 3)
+
+
+def _block(seed=0, mixer='ssog'):
+    torch.manual_seed(seed)
+    return FieldBlock(16, 2, mixer=mixer, mlp_ratio=2).eval()
+
+
+def _tokens(seed=1):
+    return torch.randn(2, 10, 16, generator=torch.Generator().manual_seed(seed))
+
+
+class CountingBlock(torch.nn.Module):
+    """Counts calls independently of the integrator's own nfe."""
+
+    def __init__(self, block):
+        super().__init__()
+        self.block = block
+        self.calls = 0
+
+    def forward(self, x, grid_size):
+        self.calls += 1
+        return self.block(x, grid_size)
+
+
+@pytest.mark.parametrize('mixer', ['ssog', 'attention'])
+def test_ode_euler_unit_step_equals_looped(mixer):
+    block = _block(mixer=mixer)
+    x = _tokens()
+    looped, looped_states = LoopedDepth(block, 6)(x, GRID, take_indices=[1, 5])
+    ode, ode_states = OdeDepth(block, num_layers=6, method='euler')(x, GRID, take_indices=[1, 5])
+    torch.testing.assert_close(ode, looped, rtol=1e-6, atol=1e-6)
+    for a, b in zip(ode_states, looped_states):
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize('method,steps,expected', [('euler', 12, 12), ('midpoint', 6, 12), ('rk4', 6, 24),
+                                                    ('rk4', 3, 12), ('heun3', 4, 12)])
+def test_fixed_grid_nfe(method, steps, expected):
+    block = CountingBlock(_block())
+    depth = OdeDepth(block, num_layers=12, method=method, steps=steps)
+    with torch.no_grad():
+        depth(_tokens(), GRID)
+    assert depth.nfe == expected == block.calls
+    block.calls = 0
+    with torch.no_grad():  # intermediates come from the same solve, not extra ones
+        _, states = depth(_tokens(), GRID, take_indices=list(range(12)))
+    assert len(states) == 12 and depth.nfe == expected == block.calls
+
+
+def test_adaptive_nfe_counts_every_evaluation():
+    block = CountingBlock(_block())
+    depth = OdeDepth(block, num_layers=4, method='dopri5', rtol=1e-3, atol=1e-4)
+    with torch.no_grad():
+        out, _ = depth(_tokens(), GRID)
+    assert depth.nfe == block.calls > 0
+    # dopri5 spends 6 new evaluations per step (FSAL) plus the initial ones
+    assert (depth.nfe - 2) % 6 == 0
+    ref, _ = OdeDepth(block, num_layers=4, method='rk4', steps=64)(_tokens(), GRID)
+    torch.testing.assert_close(out, ref, rtol=1e-2, atol=1e-2)
+
+
+def test_set_solver_on_built_depth():
+    depth = OdeDepth(_block(), num_layers=12, method='euler')
+    depth.set_solver(method='rk4', steps=6)
+    with torch.no_grad():
+        out, _ = depth(_tokens(), GRID)
+    assert depth.nfe == 24 and torch.isfinite(out).all()
+    assert depth.method == 'rk4' and depth.steps == 6
+    with pytest.raises(ValueError, match='Unknown ODE method'):
+        depth.set_solver(method='rk45')
+    with pytest.raises(ValueError, match='positive integer'):
+        depth.set_solver(steps=0)
+    with pytest.raises(ValueError, match='positive integer'):
+        depth.set_solver(steps=2.5)
+    with pytest.raises(ValueError, match='rtol and atol'):
+        depth.set_solver(rtol=-1)
+    assert depth.method == 'rk4' and depth.steps == 6  # a refused change leaves the solver as it was
+
+
+def test_adaptive_nonfinite_state_stops_with_clear_error():
+    block = _block()
+    with torch.no_grad():
+        block.mlp.fc2.weight[0, 0] = float('inf')
+    depth = OdeDepth(block, num_layers=4, method='dopri5')
+    with pytest.raises(OdeSolverError, match='non-finite'):
+        with torch.no_grad():
+            depth(_tokens(), GRID)
+
+
+def test_adaptive_nfe_cap_stops_with_clear_error():
+    block = _block()
+    with torch.no_grad():
+        for p in block.parameters():
+            if p.ndim == 2:
+                p.mul_(8)  # stiff, fast dynamics: tight tolerances need many steps
+    depth = OdeDepth(block, num_layers=4, method='dopri5', rtol=1e-9, atol=1e-9, max_nfe=50)
+    with pytest.raises(OdeSolverError, match='max_nfe=50'):
+        with torch.no_grad():
+            depth(_tokens(), GRID)
+    assert depth.nfe == 51
+
+
+def test_solve_times_are_validated():
+    depth = OdeDepth(_block(), num_layers=4)
+    for bad in ([2.0, 1.0], [0.0, 1.0], [1.0, 5.0], []):
+        with pytest.raises(ValueError, match='times'):
+            depth.solve(_tokens(), GRID, torch.tensor(bad))
+    states = depth.solve(_tokens(), GRID, torch.tensor([0.5, 2.0, 4.0]))
+    assert states.shape == (3, 2, 10, 16)
+
+
+def test_adjoint_gradients_match_backprop():
+    x = _tokens()
+    grads = []
+    for adjoint in (False, True):
+        block = _block().double()
+        depth = OdeDepth(block, num_layers=2, method='rk4', steps=8, adjoint=adjoint)
+        out, _ = depth(x.double(), GRID)
+        out.square().sum().backward()
+        grads.append(torch.cat([p.grad.flatten() for p in block.parameters()]))
+        if adjoint:
+            assert depth.nfe_backward > 0
+    torch.testing.assert_close(grads[0], grads[1], rtol=1e-3, atol=1e-4)
+
+
+@pytest.mark.parametrize('method', ['euler', 'dopri5'])
+def test_grad_checkpointing_same_gradients(method):
+    x = _tokens()
+    grads = []
+    for ckpt in (False, True):
+        block = _block().train()
+        depth = OdeDepth(block, num_layers=3, method=method)
+        depth.set_grad_checkpointing(ckpt)
+        out, _ = depth(x, GRID)
+        out.sum().backward()
+        grads.append(torch.cat([p.grad.flatten() for p in block.parameters()]))
+    torch.testing.assert_close(grads[0], grads[1])
+
+
+def test_prune_keeps_the_first_layers():
+    depth = OdeDepth(_block(), num_layers=12, steps=12)
+    with torch.no_grad():
+        _, states = depth(_tokens(), GRID, take_indices=[4])
+        depth.prune(5)
+        out, _ = depth(_tokens(), GRID)
+    assert depth.steps == 5 and depth.t_end == 5.0
+    torch.testing.assert_close(out, states[0])

@@ -1,0 +1,124 @@
+"""Token mixers and CenterNorm against independent references."""
+import math
+
+import pytest
+import torch
+
+from timm_odevit.layers import CenterNorm, FieldBlock, MultiHeadAttention, SeparableGaussianMixer
+
+
+def reference_gaussian_operator(mixer: SeparableGaussianMixer, H: int, W: int) -> torch.Tensor:
+    """The [heads, N, N] patch-mixing matrix, built entry by entry from the definition."""
+    sigma = mixer.log_sigma.detach().exp().double()
+    offset = mixer.offset.detach().double()
+    mix = mixer.mix_logits.detach().double().softmax(-1)
+    heads, K = mix.shape
+
+    def gauss(n, s, mu):
+        g = torch.tensor([[math.exp(-(i - j - mu) ** 2 / (2 * s ** 2)) for j in range(n)] for i in range(n)],
+                         dtype=torch.float64)
+        return g / g.sum(dim=1, keepdim=True)
+
+    op = torch.zeros(heads, H * W, H * W, dtype=torch.float64)
+    for h in range(heads):
+        for k in range(K):
+            gy = gauss(H, float(sigma[0, h, k]), float(offset[0, h, k]))
+            gx = gauss(W, float(sigma[1, h, k]), float(offset[1, h, k]))
+            for a in range(H):
+                for b in range(W):
+                    for c in range(H):
+                        for d in range(W):
+                            op[h, a * W + b, c * W + d] += mix[h, k] * gy[a, c] * gx[b, d]
+    return op
+
+
+def _randomize_kernels(mixer: SeparableGaussianMixer, seed: int = 0) -> None:
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        mixer.log_sigma.copy_(torch.randn(mixer.log_sigma.shape, generator=g) * 0.7)
+        mixer.mix_logits.copy_(torch.randn(mixer.mix_logits.shape, generator=g))
+        mixer.offset.copy_(torch.randn(mixer.offset.shape, generator=g))
+
+
+@pytest.mark.parametrize('grid,num_prefix', [((3, 4), 1), ((4, 4), 0), ((5, 2), 3)])
+def test_ssog_matches_dense_reference(grid, num_prefix):
+    torch.manual_seed(0)
+    H, W = grid
+    dim, heads = 12, 3
+    mixer = SeparableGaussianMixer(dim, heads, num_gaussians=3, bias=True, learn_offset=True).double()
+    _randomize_kernels(mixer)
+    x = torch.randn(2, num_prefix + H * W, dim, dtype=torch.float64)
+    out = mixer(x, grid)
+
+    v = mixer.v(x)
+    vp = v[:, num_prefix:].reshape(2, H * W, heads, dim // heads)
+    op = reference_gaussian_operator(mixer, H, W)
+    mixed = torch.einsum('hnm,bmhd->bnhd', op, vp).reshape(2, H * W, dim)
+    prefix = vp.mean(dim=1).reshape(2, 1, dim).expand(2, num_prefix, dim)
+    expected = mixer.proj(torch.cat([prefix, mixed], dim=1))
+    torch.testing.assert_close(out, expected)
+    torch.testing.assert_close(mixer.dense_operator(grid), op)
+
+
+def test_ssog_prefix_none_and_any_grid():
+    mixer = SeparableGaussianMixer(8, 2, prefix_mixing='none')
+    for grid in [(2, 3), (7, 7), (1, 9)]:
+        x = torch.randn(1, 1 + grid[0] * grid[1], 8)
+        out = mixer(x, grid)
+        assert out.shape == x.shape
+        torch.testing.assert_close(out[:, 0], mixer.proj(torch.zeros(1, 8)))
+
+
+@pytest.mark.parametrize('grid,num_prefix', [((3, 3), 1), ((4, 2), 0)])
+def test_ssog_lipschitz_bound_above_operator_norm(grid, num_prefix):
+    torch.manual_seed(1)
+    mixer = SeparableGaussianMixer(8, 2, num_gaussians=3, bias=False, learn_offset=True).double()
+    _randomize_kernels(mixer, seed=3)
+    N = num_prefix + grid[0] * grid[1]
+    # bias-free: the mixer is linear, its Jacobian is its operator and the spectral norm is exact
+    jac = torch.autograd.functional.jacobian(lambda t: mixer(t.reshape(1, N, 8), grid).reshape(-1),
+                                             torch.randn(N * 8, dtype=torch.float64))
+    norm = torch.linalg.matrix_norm(jac, ord=2)
+    bound = mixer.lipschitz_bound(grid, num_prefix)
+    assert bound >= norm * (1 - 1e-9), (float(bound), float(norm))
+
+
+def test_field_block_lipschitz_bound_above_local_norms():
+    torch.manual_seed(2)
+    block = FieldBlock(8, 2, mixer='ssog', mlp_ratio=2, mixer_kwargs=dict(learn_offset=True)).double()
+    _randomize_kernels(block.mixer, seed=4)
+    grid, N = (3, 3), 10
+    bound = block.lipschitz_bound(grid, num_prefix_tokens=1)
+    for _ in range(3):
+        jac = torch.autograd.functional.jacobian(lambda t: block(t.reshape(1, N, 8), grid).reshape(-1),
+                                                 torch.randn(N * 8, dtype=torch.float64) * 3)
+        assert bound >= torch.linalg.matrix_norm(jac, ord=2)
+    with pytest.raises(TypeError, match='Lipschitz'):
+        FieldBlock(8, 2, mixer='attention').lipschitz_bound(grid)
+
+
+def test_attention_fused_equals_explicit_and_returns_maps():
+    torch.manual_seed(0)
+    attn = MultiHeadAttention(16, 4, bias=False).eval()
+    assert attn.qkv.bias is None and attn.proj.bias is None
+    x = torch.randn(2, 7, 16)
+    fused = attn(x)
+    explicit, maps = attn(x, return_attn=True)
+    torch.testing.assert_close(fused, explicit, rtol=1e-5, atol=1e-6)
+    assert maps.shape == (2, 4, 7, 7)
+    torch.testing.assert_close(maps.sum(-1), torch.ones(2, 4, 7))
+
+
+def test_center_norm():
+    norm = CenterNorm(6)
+    with torch.no_grad():
+        norm.weight.uniform_(0.5, 2)
+        norm.bias.normal_()
+    x = torch.randn(4, 6) * 5 + 3
+    y = norm(x)
+    centred = (x - x.mean(-1, keepdim=True)) * 6 / 5
+    torch.testing.assert_close(y, centred * norm.weight + norm.bias)
+    # no variance division: scaling the input scales the output linearly (up to the bias)
+    torch.testing.assert_close(norm(2 * x) - norm.bias, 2 * (y - norm.bias))
+    jac = torch.autograd.functional.jacobian(norm, torch.randn(6))
+    assert norm.lipschitz_bound() >= torch.linalg.matrix_norm(jac, ord=2) - 1e-6

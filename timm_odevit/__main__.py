@@ -1,0 +1,3 @@
+from .zoo import main
+
+main()
