@@ -5,6 +5,7 @@ import torch
 from torch import nn
 from timm.layers import DropPath, Mlp
 
+from .linalg import spectral_norm
 from .mixers import create_mixer
 from .norm import CenterNorm
 
@@ -62,7 +63,7 @@ class FieldBlock(nn.Module):
             raise TypeError(f'{type(self.mixer).__name__} has no global Lipschitz bound (softmax attention is not '
                             'globally Lipschitz); use the separable Gaussian mixer.')
         mixer = self.mixer.lipschitz_bound(grid_size, num_prefix_tokens) * self.norm_mixer.lipschitz_bound()
-        fc1 = torch.linalg.matrix_norm(self.mlp.fc1.weight.float(), ord=2)
-        fc2 = torch.linalg.matrix_norm(self.mlp.fc2.weight.float(), ord=2)
+        fc1 = spectral_norm(self.mlp.fc1.weight)
+        fc2 = spectral_norm(self.mlp.fc2.weight)
         mlp = fc2 * GELU_LIPSCHITZ * fc1 * self.norm_mlp.lipschitz_bound()
         return mixer + mlp

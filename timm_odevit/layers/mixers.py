@@ -10,6 +10,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .linalg import spectral_norm
+
 __all__ = ['MultiHeadAttention', 'SeparableGaussianMixer', 'IdentityMixer', 'create_mixer', 'MIXERS']
 
 
@@ -203,8 +205,8 @@ class SeparableGaussianMixer(nn.Module):
         n = grid_size[0] * grid_size[1]
         if num_prefix_tokens and self.prefix_mixing == 'mean':
             grid_norm = (num_prefix_tokens / n + grid_norm ** 2).sqrt()
-        w_v = torch.linalg.matrix_norm(self.v.weight.float(), ord=2)
-        w_o = torch.linalg.matrix_norm(self.proj.weight.float(), ord=2)
+        w_v = spectral_norm(self.v.weight)
+        w_o = spectral_norm(self.proj.weight)
         return w_o * grid_norm.float() * w_v
 
     def extra_repr(self) -> str:

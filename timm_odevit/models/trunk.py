@@ -15,7 +15,9 @@ from timm.models._features import feature_take_indices
 from timm.models._input import update_model_input_size
 from timm.models.vision_transformer import global_pool_nlc
 
-from ..layers import CenterNorm, DiscreteDepth, FieldBlock, LoopedDepth, OdeDepth, SeparableGaussianMixer
+from ..layers import (
+    CenterNorm, DiscreteDepth, FieldBlock, LoopedDepth, OdeDepth, SeparableGaussianMixer, spectral_norm_estimate,
+)
 
 __all__ = ['DepthVisionTransformer', 'create_depth_vit', 'checkpoint_filter_fn', 'depth_vit_cfg']
 
@@ -225,7 +227,8 @@ class DepthVisionTransformer(nn.Module):
     @torch.no_grad()
     def init_weights(self, mode: str = 'spectral') -> None:
         """Position embedding trunc-normal(0.02), tokens normal(1e-6), every Linear Xavier-normal (and, with
-        'spectral', divided by its largest singular value so each starts with spectral norm 1), biases zero."""
+        'spectral', divided by a power-iteration estimate of its largest singular value, so each starts with
+        spectral norm 1 to within a few percent), biases zero."""
         if any(p.is_meta for p in self.parameters()):
             return  # shapes only: nothing to initialise
         trunc_normal_(self.pos_embed, std=.02)
@@ -236,7 +239,7 @@ class DepthVisionTransformer(nn.Module):
             if isinstance(m, nn.Linear):
                 nn.init.xavier_normal_(m.weight)
                 if mode == 'spectral':
-                    m.weight.div_(torch.linalg.matrix_norm(m.weight.float(), ord=2).to(m.weight))
+                    m.weight.div_(spectral_norm_estimate(m.weight).to(m.weight))
                 if m.bias is not None:
                     nn.init.zeros_(m.bias)
             elif hasattr(m, 'reset_kernel_parameters'):
@@ -412,6 +415,53 @@ class DepthVisionTransformer(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = self.forward_features(x)
         return self.forward_head(x)
+
+    def forward_trajectory(
+            self,
+            x: torch.Tensor,
+            times: Union[torch.Tensor, List[float]],
+            return_attn: bool = False,
+    ) -> Tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]:
+        """Trunk states at depth ``times`` from one integration (for trajectory distillation).
+
+        Times are in the trunk's depth units: an ODE trunk takes strictly increasing times in (0, t_end]; a discrete
+        or looped trunk takes layer numbers 1..L (layer i's output sits at time i + 1, as an Euler step of size 1).
+
+        Returns:
+            (final tokens after the final norm [B, N, D], states before the norm [len(times), B, N, D], and with
+            ``return_attn`` the attention maps [B, heads, N, N] of the last field evaluation, else None).
+        """
+        times = torch.as_tensor(times, dtype=torch.float64).flatten()
+        if len(times) == 0 or bool((times[1:] <= times[:-1]).any()):
+            raise ValueError(f'times must be a non-empty, strictly increasing sequence, got {times.tolist()}.')
+        block = self.trunk.field_blocks()[-1]
+        if return_attn and not getattr(block.mixer, 'supports_attn_maps', False):
+            raise TypeError(f'{type(block.mixer).__name__} cannot return attention maps; only dense attention can.')
+        x, grid_size = self._embed(x)
+        captured: Dict[str, torch.Tensor] = {}
+        # the solver calls the field many times: keep only the input of the last call, then recompute its map once
+        # (an explicit map at every step would cost the fused attention path on every evaluation)
+        handle = block.mixer.register_forward_pre_hook(
+            lambda module, args: captured.__setitem__('x', args[0])) if return_attn else None
+        try:
+            if isinstance(self.trunk, OdeDepth):
+                t_end = self.trunk.t_end
+                ends_early = float(times[-1]) < t_end * (1 - 1e-6)
+                solve_times = torch.cat([times, times.new_tensor([t_end])]) if ends_early else times
+                all_states = self.trunk.solve(x, grid_size, solve_times)
+                final, states = all_states[-1], all_states[:len(times)]
+            else:
+                layers = times.round()
+                if bool((layers - times).abs().max() > 1e-6) or layers[0] < 1 or layers[-1] > self.trunk.num_layers:
+                    raise ValueError(f'A {self.depth_mode} trunk has states only at layers 1..{self.trunk.num_layers}; '
+                                     f'got times {times.tolist()}.')
+                final, state_list = self.trunk(x, grid_size, take_indices=[int(t) - 1 for t in layers])
+                states = torch.stack(state_list)
+        finally:
+            if handle is not None:
+                handle.remove()
+        attn = block.mixer(captured['x'], grid_size, return_attn=True)[1] if return_attn else None
+        return self.norm(final), states, attn
 
 
 def checkpoint_filter_fn(state_dict: Dict[str, torch.Tensor], model: DepthVisionTransformer) -> Dict[str, torch.Tensor]:
