@@ -47,19 +47,11 @@ class _DepthBase(nn.Module):
         return block(x, grid_size)
 
 
-class DiscreteDepth(_DepthBase):
-    """L distinct blocks, each applied once as a residual update."""
+class _ResidualDepth(_DepthBase):
+    """Depth as L residual updates x <- x + f_i(x); subclasses say which block is layer i."""
 
-    def __init__(self, blocks: Sequence[nn.Module]) -> None:
-        super().__init__()
-        self.blocks = nn.ModuleList(blocks)
-
-    @property
-    def num_layers(self) -> int:
-        return len(self.blocks)
-
-    def field_blocks(self) -> List[nn.Module]:
-        return list(self.blocks)
+    def block_at(self, i: int) -> nn.Module:
+        raise NotImplementedError
 
     def forward(
             self,
@@ -72,17 +64,35 @@ class DiscreteDepth(_DepthBase):
         take = set(take_indices or ())
         last = max(take) if (take and stop_early) else self.num_layers - 1
         states = []
-        for i, block in enumerate(self.blocks[:last + 1]):
-            x = x + self._apply_block(block, x, grid_size)
+        for i in range(last + 1):
+            x = x + self._apply_block(self.block_at(i), x, grid_size)
             if i in take:
                 states.append(x)
         return x, states
+
+
+class DiscreteDepth(_ResidualDepth):
+    """L distinct blocks, each applied once as a residual update."""
+
+    def __init__(self, blocks: Sequence[nn.Module]) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList(blocks)
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.blocks)
+
+    def block_at(self, i: int) -> nn.Module:
+        return self.blocks[i]
+
+    def field_blocks(self) -> List[nn.Module]:
+        return list(self.blocks)
 
     def prune(self, num_layers: int) -> None:
         self.blocks = self.blocks[:num_layers]
 
 
-class LoopedDepth(_DepthBase):
+class LoopedDepth(_ResidualDepth):
     """One block applied ``num_loops`` times with shared weights."""
 
     def __init__(self, block: nn.Module, num_loops: int) -> None:
@@ -96,25 +106,11 @@ class LoopedDepth(_DepthBase):
     def num_layers(self) -> int:
         return self.num_loops
 
+    def block_at(self, i: int) -> nn.Module:
+        return self.block
+
     def field_blocks(self) -> List[nn.Module]:
         return [self.block]
-
-    def forward(
-            self,
-            x: torch.Tensor,
-            grid_size: Tuple[int, int],
-            take_indices: Optional[Sequence[int]] = None,
-            stop_early: bool = False,
-    ) -> Tuple[torch.Tensor, List[torch.Tensor]]:
-        self.nfe = 0
-        take = set(take_indices or ())
-        last = max(take) if (take and stop_early) else self.num_loops - 1
-        states = []
-        for i in range(last + 1):
-            x = x + self._apply_block(self.block, x, grid_size)
-            if i in take:
-                states.append(x)
-        return x, states
 
     def prune(self, num_layers: int) -> None:
         self.num_loops = num_layers

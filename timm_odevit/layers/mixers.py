@@ -217,7 +217,7 @@ class IdentityMixer(nn.Module):
     """No token mixing at all: the cost floor of everything else in a block (for benchmarks)."""
     supports_attn_maps = False
 
-    def __init__(self, dim: int, num_heads: int = 1, bias: bool = False, device=None, dtype=None, **kwargs) -> None:
+    def __init__(self, dim: int, num_heads: int = 1, bias: bool = False, device=None, dtype=None) -> None:
         super().__init__()
 
     def forward(self, x: torch.Tensor, grid_size: Optional[Tuple[int, int]] = None, return_attn: bool = False):
@@ -231,16 +231,17 @@ MIXERS = {
     'ssog': SeparableGaussianMixer,
     'identity': IdentityMixer,
 }
+# the options each mixer takes; a trunk passes the union and each mixer keeps its own
+MIXER_OPTIONS = {
+    'attention': ('attn_drop', 'proj_drop'),
+    'ssog': ('num_gaussians', 'learn_offset', 'prefix_mixing', 'init_sigmas', 'proj_drop'),
+    'identity': (),
+}
 
 
 def create_mixer(name: str, dim: int, num_heads: int, bias: bool, device=None, dtype=None, **kwargs) -> nn.Module:
-    """Build a token mixer by name; Gaussian-only options are dropped for the other mixers."""
+    """Build a token mixer by name from the union of all mixers' options."""
     if name not in MIXERS:
         raise ValueError(f'Unknown token mixer {name!r}; choose one of {sorted(MIXERS)}.')
-    if name != 'ssog':
-        kwargs = {k: v for k, v in kwargs.items() if k in ('attn_drop', 'proj_drop')}
-        if name == 'identity':
-            kwargs = {}
-    else:
-        kwargs.pop('attn_drop', None)
-    return MIXERS[name](dim, num_heads=num_heads, bias=bias, device=device, dtype=dtype, **kwargs)
+    options = {k: v for k, v in kwargs.items() if k in MIXER_OPTIONS[name]}
+    return MIXERS[name](dim, num_heads=num_heads, bias=bias, device=device, dtype=dtype, **options)
