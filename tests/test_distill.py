@@ -1,0 +1,307 @@
+"""Trajectory distillation: the task, its losses and time rules, plug-and-play init, and the training command."""
+import csv
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import timm
+import torch
+from PIL import Image
+from timm.layers import resample_abs_pos_embed
+from torch import nn
+
+import timm_odevit  # noqa: F401
+from timm_odevit.distill import (
+    LOSS_KEYS, TrajectoryDistillationTask, cls_distances, copy_from_teacher, indices_to_times, jasmin_loss,
+    paper_times, solver_grid, uniform_times,
+)
+from timm_odevit.distill.__main__ import main as distill_main
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SMALL_TEACHER = dict(img_size=32, patch_size=4, depth=3, num_classes=10)
+
+
+def make_teacher(**kwargs) -> nn.Module:
+    torch.manual_seed(0)
+    return timm.create_model('vit_tiny_patch16_224', **dict(SMALL_TEACHER, **kwargs))
+
+
+def make_student(name: str = 'odevit_tiny_patch4_32', **kwargs) -> nn.Module:
+    torch.manual_seed(1)
+    return timm.create_model(name, **dict(dict(depth=3, num_classes=10), **kwargs))
+
+
+@pytest.fixture(scope='module')
+def batch():
+    g = torch.Generator().manual_seed(0)
+    return torch.randn(4, 3, 32, 32, generator=g), torch.randint(0, 10, (4,), generator=g)
+
+
+def train_steps(task: TrajectoryDistillationTask, x, y, steps: int = 3, lr: float = 1e-3):
+    params = [p for p in task.get_trainable_module().parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=lr)
+    history = []
+    task.train()
+    for _ in range(steps):
+        out = task(x, y)
+        opt.zero_grad()
+        out['loss'].backward()
+        opt.step()
+        history.append({k: float(out[k].detach()) for k in ('loss',) + LOSS_KEYS})
+    return history
+
+
+# ------------------------------------------------------------------------------------------------ teacher isolation
+def test_teacher_bit_identical_after_training(batch):
+    teacher = make_teacher()
+    before = {k: v.clone() for k, v in teacher.state_dict().items()}
+    task = TrajectoryDistillationTask(make_student(), teacher, times='paper', kd_loss_weight=1., state_tokens='all',
+                                      verbose=False)
+    train_steps(task, *batch, steps=3, lr=1e-2)
+    after = teacher.state_dict()
+    assert before.keys() == after.keys()
+    for k in before:
+        assert torch.equal(before[k], after[k]), k
+    assert not teacher.training and all(not p.requires_grad for p in teacher.parameters())
+    # the student's copied stem really trained away from the teacher: the copies are not shared storage
+    student = task.trainable_module_student()
+    assert not torch.equal(student.pos_embed, teacher.pos_embed)
+
+
+def test_gradients_reach_only_student_and_projection(batch):
+    teacher = make_teacher(embed_dim=96, num_heads=3)  # narrower teacher: needs the learned projection
+    task = TrajectoryDistillationTask(make_student(), teacher, init_from_teacher=False, kd_loss_weight=1.,
+                                      verbose=False)
+    trainable = task.get_trainable_module()
+    assert isinstance(trainable.projection, nn.Linear)
+    assert trainable.projection.in_features == 192 and trainable.projection.out_features == 96
+    out = task(*batch)
+    out['loss'].backward()
+    assert all(p.grad is None for p in teacher.parameters())
+    assert all(p.grad is not None for p in trainable.projection.parameters())
+    student_grads = {n: p.grad for n, p in trainable.student.named_parameters() if p.requires_grad}
+    assert all(g is not None for g in student_grads.values()), [n for n, g in student_grads.items() if g is None]
+    assert student_grads['trunk.block.mixer.qkv.weight'].abs().sum() > 0
+    # task-owned trainable state is exactly student + projection
+    owned = {id(p) for p in trainable.parameters()}
+    assert owned.isdisjoint(id(p) for p in teacher.parameters())
+
+
+# JaSMin takes each map's worst row (a max): Adam's first steps at 3e-3 jump between rows, so it gets a small rate
+@pytest.mark.parametrize('term,lr', [('state_loss', 3e-3), ('attn_loss', 3e-3), ('kd_loss', 3e-3),
+                                     ('task_loss', 3e-3), ('jasmin_loss', 1e-4)])
+def test_each_loss_term_falls(batch, term, lr):
+    weights = dict(state_loss_weight=0., attn_loss_weight=0., kd_loss_weight=0., task_loss_weight=0.,
+                   jasmin_weight=0.)
+    weights[{'state_loss': 'state_loss_weight', 'attn_loss': 'attn_loss_weight', 'kd_loss': 'kd_loss_weight',
+             'task_loss': 'task_loss_weight', 'jasmin_loss': 'jasmin_weight'}[term]] = 1.
+    # no copied head: with it, student and teacher logits start nearly equal and KD has nothing to learn
+    task = TrajectoryDistillationTask(make_student(), make_teacher(), init_from_teacher=('patch_embed',),
+                                      verbose=False, **weights)
+    history = train_steps(task, *batch, steps=6, lr=lr)
+    values = [h[term] for h in history]
+    assert values[-1] < values[0], values
+    assert history[0][term] != 0
+
+
+def test_label_loss_starts_at_its_epoch(batch):
+    task = TrajectoryDistillationTask(make_student(), make_teacher(), task_loss_start_epoch=2, verbose=False)
+    out = {k: v.detach() for k, v in task(*batch).items()}
+    no_label = out['loss'] - 0.5 * out['state_loss'] - 0.25 * out['attn_loss'] - out['jasmin_loss']
+    assert abs(float(no_label)) < 1e-5 and float(out['task_loss']) > 0
+    task.set_epoch(2)
+    out = {k: v.detach() for k, v in task(*batch).items()}
+    with_label = out['loss'] - 0.5 * out['state_loss'] - 0.25 * out['attn_loss'] - out['jasmin_loss']
+    assert float(with_label) == pytest.approx(float(out['task_loss']), rel=1e-5)
+
+
+# ------------------------------------------------------------------------------------------------ time mapping
+def test_uniform_times_on_grid():
+    grid = torch.linspace(0, 12, 13, dtype=torch.float64)[1:]
+    assert uniform_times(12, 12., grid).tolist() == list(range(1, 13))
+    assert uniform_times(4, 12., grid).tolist() == [3., 6., 9., 12.]
+    # 5 targets on 12 unit steps: nearest points to 2.4, 4.8, 7.2, 9.6, 12
+    assert uniform_times(5, 12., grid).tolist() == [2., 5., 7., 10., 12.]
+    # a 24-step grid over [0, 12]: half steps
+    fine = torch.linspace(0, 12, 25, dtype=torch.float64)[1:]
+    assert uniform_times(3, 12., fine).tolist() == [4., 8., 12.]
+    # adaptive solvers have no grid: exact times
+    assert uniform_times(3, 1.5, None).tolist() == pytest.approx([0.5, 1., 1.5])
+
+
+def test_paper_rule_reproduces_the_papers_indices():
+    # distances proportional to the paper's index gaps give back its 36-point mapping [3, 6, 8, ..., 24, 35]
+    indices = [3, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 35]
+    gaps = torch.tensor(np.diff([0] + indices), dtype=torch.float64) * 0.37
+    grid = torch.linspace(0, 12, 36, dtype=torch.float64)[1:]  # 35 Euler steps over [0, 12]
+    times = paper_times(gaps, 12., grid)
+    assert torch.allclose(times, grid[[i - 1 for i in indices]])
+    student = make_student(depth=35, ode_steps=35, ode_t_end=12.)
+    assert torch.allclose(indices_to_times(indices, student), times)
+
+
+def test_paper_rule_snaps_and_stays_increasing():
+    grid = torch.arange(1, 5, dtype=torch.float64)
+    # the first two blocks barely move CLS: snapping would put three targets on point 0 without the spreading
+    assert paper_times(torch.tensor([1e-3, 1e-3, 1e-3, 1.]), 4., grid).tolist() == [1., 2., 3., 4.]
+    # a late jump: most of the depth goes to the last block
+    assert paper_times(torch.tensor([1., 1., 8.]), 4., grid).tolist() == [1., 2., 4.]
+    states = torch.zeros(3, 2, 4)
+    states[1, :, 0], states[2, :, 0] = 3., 7.
+    assert cls_distances(states).tolist() == pytest.approx([3., 4.])
+
+
+def test_paper_rule_in_task_uses_teacher_cls_distances(batch):
+    teacher = make_teacher()
+    student = make_student(depth=6)
+    task = TrajectoryDistillationTask(student, teacher, times='paper', calibration_input=batch[0], verbose=False)
+    # independent recomputation: the state before block 0 from a hook, block outputs from forward_intermediates
+    seen = {}
+    h = teacher.blocks[0].register_forward_pre_hook(lambda m, a: seen.setdefault('x', a[0]))
+    x_t = task.teacher.normalize_input(batch[0], task.student_mean, task.student_std)
+    with torch.no_grad():
+        _, inter = teacher.forward_intermediates(x_t, return_prefix_tokens=True, output_fmt='NLC')
+    h.remove()
+    cls = torch.stack([seen['x'][:, 0]] + [prefix[:, 0] for _, prefix in inter])
+    d = (cls[1:] - cls[:-1]).norm(dim=-1).mean(1).double()
+    expected = paper_times(d, 6., solver_grid(student))
+    assert torch.equal(task.target_times, expected)
+    assert task.target_times[-1] == 6. and bool((task.target_times.diff() > 0).all())
+
+
+def test_looped_student_and_explicit_times(batch):
+    task = TrajectoryDistillationTask(make_student('looped_vit_tiny_patch4_32', depth=6), make_teacher(),
+                                      times=[2., 4., 6.], verbose=False)
+    history = train_steps(task, *batch, steps=2)
+    assert all(np.isfinite(h['loss']) for h in history)
+    # an SSoG student has no attention maps: only those terms must be switched off
+    task = TrajectoryDistillationTask(make_student('ssog_ode_tiny_patch4_32'), make_teacher(), attn_loss_weight=0.,
+                                      jasmin_weight=0., verbose=False)
+    assert np.isfinite(train_steps(task, *batch, steps=1)[0]['state_loss'])
+
+
+# ------------------------------------------------------------------------------------------------ JaSMin
+def test_jasmin_has_gradient_unless_detached(batch):
+    def qkv_grad(detach: bool) -> torch.Tensor:
+        task = TrajectoryDistillationTask(make_student(), make_teacher(), state_loss_weight=0., attn_loss_weight=0.,
+                                          task_loss_weight=0., jasmin_weight=1., jasmin_detach=detach, verbose=False)
+        out = task(*batch)
+        out['loss'].backward()
+        return task.trainable_module_student().trunk.block.mixer.qkv.weight.grad
+
+    assert qkv_grad(False).abs().sum() > 0
+    assert qkv_grad(True).abs().sum() == 0
+
+    p = torch.softmax(torch.randn(2, 3, 5, 7), dim=-1).requires_grad_()
+    jasmin_loss(p, k=2).backward()
+    assert p.grad.abs().sum() > 0
+    # the definition: log(g_1 / g_k), g_k = p_(k) (1 - p_(k) + p_(k+1)); worst row, mean over the rest
+    row = torch.tensor([[[0.5, 0.3, 0.2]]])
+    g1, g2 = 0.5 * (1 - 0.5 + 0.3), 0.3 * (1 - 0.3 + 0.2)
+    assert float(jasmin_loss(row, k=2)) == pytest.approx(np.log(g1 / g2), rel=1e-5)
+    assert float(jasmin_loss(row, k=0)) == pytest.approx(np.log(g1), rel=1e-5)
+    with pytest.raises(ValueError):
+        jasmin_loss(row, k=1)
+
+
+# ------------------------------------------------------------------------------------------------ plug-and-play
+def test_plug_and_play_copies_new_tensors_and_resamples():
+    teacher = make_teacher(img_size=64)  # 16x16 patch grid; the student's is 8x8
+    nn.init.normal_(teacher.patch_embed.proj.bias)
+    student = make_student()
+    names = copy_from_teacher(student, teacher, freeze=True)
+    assert set(names) == {'patch_embed.proj.weight', 'patch_embed.proj.bias', 'cls_token', 'pos_embed',
+                          'head.weight', 'head.bias'}
+    assert torch.equal(student.patch_embed.proj.weight, teacher.patch_embed.proj.weight)
+    assert torch.equal(student.patch_embed.proj.bias, teacher.patch_embed.proj.bias)
+    assert torch.equal(student.cls_token, teacher.cls_token)
+    assert torch.equal(student.head.weight, teacher.head.weight)
+    expected = resample_abs_pos_embed(teacher.pos_embed[:, 1:], new_size=(8, 8), old_size=(16, 16),
+                                      num_prefix_tokens=0)
+    assert torch.equal(student.pos_embed[:, 1:], expected)
+    assert torch.equal(student.pos_embed[:, :1], teacher.pos_embed[:, :1])
+    for n, p in student.named_parameters():
+        assert p.requires_grad == (n not in names)
+    teacher_storage = {p.data_ptr() for p in teacher.parameters()}
+    assert all(p.data_ptr() not in teacher_storage for p in student.parameters())
+
+
+# ------------------------------------------------------------------------------------------------ bad input
+def test_bad_inputs_raise_clear_errors(batch):
+    with pytest.raises(TypeError, match='forward_intermediates'):
+        TrajectoryDistillationTask(make_student(), nn.Sequential(nn.Flatten(), nn.Linear(3072, 10)), verbose=False)
+    with pytest.raises(ValueError, match='strictly increasing'):
+        TrajectoryDistillationTask(make_student(), make_teacher(), times=[1., 3., 2.], verbose=False)
+    with pytest.raises(ValueError, match=r'\(0, 3.0\]'):
+        TrajectoryDistillationTask(make_student(), make_teacher(), times=[1., 2., 3.5], verbose=False)
+    with pytest.raises(ValueError, match=r'\(0, 3.0\]'):
+        TrajectoryDistillationTask(make_student(), make_teacher(), times=[0., 2., 3.], verbose=False)
+    with pytest.raises(ValueError, match='one time per target'):
+        TrajectoryDistillationTask(make_student(), make_teacher(), times=[1., 2.], verbose=False)
+    for rule in ('uniform', 'paper'):
+        with pytest.raises(ValueError, match='only 3 points'):
+            TrajectoryDistillationTask(make_student(), make_teacher(depth=4), times=rule, verbose=False)
+    with pytest.raises(ValueError, match='same classes'):
+        TrajectoryDistillationTask(make_student(), make_teacher(num_classes=5), kd_loss_weight=1.,
+                                   init_from_teacher=('patch_embed',), verbose=False)
+    with pytest.raises(TypeError, match='DepthVisionTransformer'):
+        TrajectoryDistillationTask(make_teacher(), make_teacher(), verbose=False)
+    with pytest.raises(ValueError, match='attention maps'):
+        TrajectoryDistillationTask(make_student('ssog_ode_tiny_patch4_32'), make_teacher(), verbose=False)
+
+
+# ------------------------------------------------------------------------------------------------ the command
+@pytest.fixture(scope='module')
+def image_folder(tmp_path_factory):
+    root = tmp_path_factory.mktemp('images')
+    rng = np.random.default_rng(0)
+    for split, n in (('train', 8), ('validation', 4)):
+        for c in range(3):
+            d = root / split / f'class{c}'
+            d.mkdir(parents=True)
+            for i in range(n):
+                Image.fromarray((rng.random((32, 32, 3)) * 80 + 80 * c).astype(np.uint8)).save(d / f'{i}.png')
+    return str(root)
+
+
+def command(image_folder: str, out: str, *extra: str) -> list:
+    return ['--dataset', '', '--data-dir', image_folder, '--num-classes', '3', '--model-kwargs', 'depth=3',
+            '--teacher', 'vit_tiny_patch16_224', '--teacher-kwargs', 'img_size=32', 'patch_size=4', 'depth=3',
+            '--batch-size', '4', '--output', out, '--experiment', 'run', '--log-interval', '1', *extra]
+
+
+def test_torchrun_two_ranks_end_identical(image_folder, tmp_path):
+    env = dict(os.environ, OMP_NUM_THREADS='1', PYTHONPATH=REPO)
+    cmd = [sys.executable, '-m', 'torch.distributed.run', '--nproc_per_node', '2', '--master_port', '29531',
+           '-m', 'timm_odevit.distill', *command(image_folder, str(tmp_path), '--epochs', '1',
+                                                  '--max-steps-per-epoch', '2', '--times', 'paper', '--model-ema')]
+    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    results = json.load(open(tmp_path / 'run' / 'results.json'))
+    assert results['world_size'] == 2
+    digests = results['rank_state_sha256']
+    assert len(digests) == 2 and digests[0] == digests[1]
+    ckpt = torch.load(tmp_path / 'run' / 'last.pth.tar', map_location='cpu', weights_only=False)
+    assert 'state_dict_ema' in ckpt and ckpt['task_state']['target_times'][-1] == 3.
+
+
+def test_resume_continues_from_saved_epoch(image_folder, tmp_path):
+    first = distill_main(command(image_folder, str(tmp_path), '--epochs', '1', '--max-steps-per-epoch', '2'))
+    run = tmp_path / 'run'
+    assert torch.load(run / 'last.pth.tar', map_location='cpu', weights_only=False)['epoch'] == 0
+    saved = torch.load(run / 'last.pth.tar', map_location='cpu', weights_only=False)['state_dict']
+    second = distill_main(command(image_folder, str(tmp_path), '--epochs', '2', '--max-steps-per-epoch', '2',
+                                  '--resume', str(run / 'last.pth.tar')))
+    with open(run / 'summary.csv') as f:
+        epochs = [int(r['epoch']) for r in csv.DictReader(f)]
+    assert epochs == [0, 1]  # the resumed run trained epoch 1 only
+    ckpt = torch.load(run / 'last.pth.tar', map_location='cpu', weights_only=False)
+    assert ckpt['epoch'] == 1
+    # model and optimizer continued: Adam has taken the first run's 2 steps plus 2 more, and the weights moved on
+    steps = {float(s['step']) for s in ckpt['optimizer']['state'].values()}
+    assert steps == {4.}
+    assert any(not torch.equal(saved[k], ckpt['state_dict'][k]) for k in saved)
+    assert first['epochs'] == 1 and second['epochs'] == 2
