@@ -9,6 +9,7 @@ from typing import Optional, Tuple, Union
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from .linalg import spectral_norm
 
@@ -65,6 +66,13 @@ class MultiHeadAttention(nn.Module):
         return (out, attn) if return_attn else out
 
 
+def _separable_mix(vp: torch.Tensor, gx: torch.Tensor, gy: torch.Tensor) -> torch.Tensor:
+    """sum_k G^y_k V G^x_k^T per head: values [B, H, W, heads, d], kernels [heads, K, n, n] (G^y pre-weighted)."""
+    # x axis, then y axis with the mixture sum folded into the same contraction over (k, row)
+    t = torch.einsum('hkvw,bywhd->bhkyvd', gx, vp)
+    return torch.einsum('hkuy,bhkyvd->buvhd', gy, t)
+
+
 def gaussian_kernel_matrix(size: int, sigma: torch.Tensor, offset: torch.Tensor) -> torch.Tensor:
     """Row-normalized 1-D Gaussian matrices G[..., i, j] ∝ exp(-(i - j - offset)^2 / (2 sigma^2)).
 
@@ -100,6 +108,7 @@ class SeparableGaussianMixer(nn.Module):
             learn_offset: bool = False,
             prefix_mixing: str = 'mean',
             init_sigmas: Tuple[float, float] = (0.5, 8.0),
+            recompute_mixing: bool = True,
             proj_drop: float = 0.,
             device=None,
             dtype=None,
@@ -117,6 +126,7 @@ class SeparableGaussianMixer(nn.Module):
         self.num_gaussians = num_gaussians
         self.prefix_mixing = prefix_mixing
         self.init_sigmas = init_sigmas
+        self.recompute_mixing = recompute_mixing
         self.v = nn.Linear(dim, dim, bias=bias, **dd)
         self.proj = nn.Linear(dim, dim, bias=bias, **dd)
         self.proj_drop = nn.Dropout(proj_drop)
@@ -171,9 +181,13 @@ class SeparableGaussianMixer(nn.Module):
         gy, gx, mix = self.kernels(grid_size)
         gy = gy * mix[..., None, None].to(gy)
         vp = v[:, num_prefix:].reshape(B, H, W, self.num_heads, self.head_dim)
-        # x axis, then y axis with the mixture sum folded into the same contraction over (k, row)
-        t = torch.einsum('hkvw,bywhd->bhkyvd', gx.to(v.dtype), vp)
-        y = torch.einsum('hkuy,bhkyvd->buvhd', gy.to(v.dtype), t).reshape(B, H * W, C)
+        gx, gy = gx.to(v.dtype), gy.to(v.dtype)
+        if torch.is_grad_enabled() and self.recompute_mixing:
+            # the x-axis result is K times the values: recompute it in backward instead of keeping it
+            y = checkpoint(_separable_mix, vp, gx, gy, use_reentrant=False)
+        else:
+            y = _separable_mix(vp, gx, gy)
+        y = y.reshape(B, H * W, C)
         if num_prefix:
             if self.prefix_mixing == 'mean':
                 prefix = vp.mean(dim=(1, 2)).reshape(B, 1, C).expand(B, num_prefix, C)
@@ -234,7 +248,7 @@ MIXERS = {
 # the options each mixer takes; a trunk passes the union and each mixer keeps its own
 MIXER_OPTIONS = {
     'attention': ('attn_drop', 'proj_drop'),
-    'ssog': ('num_gaussians', 'learn_offset', 'prefix_mixing', 'init_sigmas', 'proj_drop'),
+    'ssog': ('num_gaussians', 'learn_offset', 'prefix_mixing', 'init_sigmas', 'recompute_mixing', 'proj_drop'),
     'identity': (),
 }
 
