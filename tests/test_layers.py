@@ -122,3 +122,17 @@ def test_center_norm():
     torch.testing.assert_close(norm(2 * x) - norm.bias, 2 * (y - norm.bias))
     jac = torch.autograd.functional.jacobian(norm, torch.randn(6))
     assert norm.lipschitz_bound() >= torch.linalg.matrix_norm(jac, ord=2) - 1e-6
+
+
+def test_ssog_recompute_in_backward_gives_the_same_gradients():
+    torch.manual_seed(3)
+    x = torch.randn(2, 1 + 4 * 5, 12)
+    grads = []
+    for recompute in (False, True):
+        torch.manual_seed(0)
+        mixer = SeparableGaussianMixer(12, 3, learn_offset=True, recompute_mixing=recompute)
+        _randomize_kernels(mixer)
+        xi = x.clone().requires_grad_()
+        mixer(xi, (4, 5)).square().sum().backward()
+        grads.append(torch.cat([xi.grad.flatten()] + [p.grad.flatten() for p in mixer.parameters()]))
+    torch.testing.assert_close(grads[0], grads[1])
