@@ -7,6 +7,7 @@ from typing import Any
 
 from timm.models import generate_default_cfgs, register_model
 
+from .pretrained import fmnist_cfg, keep_untagged_default
 from .trunk import SMALL_IMAGE_ARGS, SMALL_IMAGE_CFG, WIDTHS, DepthVisionTransformer, create_depth_vit, depth_vit_cfg
 
 # the paper's configs: width 768, 12 heads, no biases, 10 registers, no final norm, Euler on [0, 12] (the paper's
@@ -14,16 +15,19 @@ from .trunk import SMALL_IMAGE_ARGS, SMALL_IMAGE_CFG, WIDTHS, DepthVisionTransfo
 PAPER_ARGS = dict(embed_dim=768, num_heads=12, mixer='attention', depth_mode='ode', reg_tokens=10, final_norm=False,
                   ode_t_end=12.)
 
-default_cfgs = generate_default_cfgs({
+# '<arch>.fmnist': published Fashion-MNIST weights (weights/<arch>.fmnist/, models/pretrained.py); the untagged
+# cfg stays the default (keep_untagged_default), so plain names keep 3 channels and 1000 classes
+default_cfgs = keep_untagged_default(generate_default_cfgs({
     'odevit_tiny': depth_vit_cfg(),
     'odevit_tiny_patch4_32': depth_vit_cfg(**SMALL_IMAGE_CFG),
+    'odevit_tiny_patch4_32.fmnist': depth_vit_cfg(**dict(SMALL_IMAGE_CFG, **fmnist_cfg('odevit_tiny_patch4_32'))),
     'odevit_small': depth_vit_cfg(),
     'odevit_small_patch4_32': depth_vit_cfg(**SMALL_IMAGE_CFG),
     'odevit_base': depth_vit_cfg(),
     'odevit_base_patch4_32': depth_vit_cfg(**SMALL_IMAGE_CFG),
     'odevit_w768_mlp1_36pt': depth_vit_cfg(),
     'odevit_w768_mlp4_24pt': depth_vit_cfg(),
-})
+}))
 
 
 @register_model

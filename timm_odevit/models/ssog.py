@@ -6,40 +6,50 @@ from typing import Any
 
 from timm.models import generate_default_cfgs, register_model
 
+from .pretrained import fmnist_cfg, keep_untagged_default
 from .trunk import SMALL_IMAGE_ARGS, SMALL_IMAGE_CFG, WIDTHS, DepthVisionTransformer, create_depth_vit, depth_vit_cfg
 
-default_cfgs = generate_default_cfgs({
+# '<arch>.fmnist': published Fashion-MNIST weights (weights/<arch>.fmnist/, models/pretrained.py); the untagged
+# cfg stays the default (keep_untagged_default), so plain names keep 3 channels and 1000 classes
+default_cfgs = keep_untagged_default(generate_default_cfgs({
     'ssog_vit_tiny': depth_vit_cfg(),
     'ssog_vit_tiny_patch4_32': depth_vit_cfg(**SMALL_IMAGE_CFG),
+    'ssog_vit_tiny_patch4_32.fmnist': depth_vit_cfg(**dict(SMALL_IMAGE_CFG, **fmnist_cfg('ssog_vit_tiny_patch4_32'))),
     'ssog_vit_small': depth_vit_cfg(),
     'ssog_vit_small_patch4_32': depth_vit_cfg(**SMALL_IMAGE_CFG),
     'ssog_vit_base': depth_vit_cfg(),
     'ssog_vit_base_patch4_32': depth_vit_cfg(**SMALL_IMAGE_CFG),
     'looped_ssog_tiny': depth_vit_cfg(),
     'looped_ssog_tiny_patch4_32': depth_vit_cfg(**SMALL_IMAGE_CFG),
+    'looped_ssog_tiny_patch4_32.fmnist':
+        depth_vit_cfg(**dict(SMALL_IMAGE_CFG, **fmnist_cfg('looped_ssog_tiny_patch4_32'))),
     'looped_ssog_small': depth_vit_cfg(),
     'looped_ssog_small_patch4_32': depth_vit_cfg(**SMALL_IMAGE_CFG),
     'looped_ssog_base': depth_vit_cfg(),
     'looped_ssog_base_patch4_32': depth_vit_cfg(**SMALL_IMAGE_CFG),
     'ssog_ode_tiny': depth_vit_cfg(),
     'ssog_ode_tiny_patch4_32': depth_vit_cfg(**SMALL_IMAGE_CFG),
+    'ssog_ode_tiny_patch4_32.fmnist': depth_vit_cfg(**dict(SMALL_IMAGE_CFG, **fmnist_cfg('ssog_ode_tiny_patch4_32'))),
     'ssog_ode_small': depth_vit_cfg(),
     'ssog_ode_small_patch4_32': depth_vit_cfg(**SMALL_IMAGE_CFG),
     'ssog_ode_base': depth_vit_cfg(),
     'ssog_ode_base_patch4_32': depth_vit_cfg(**SMALL_IMAGE_CFG),
     'dense_vit_tiny': depth_vit_cfg(),
     'dense_vit_tiny_patch4_32': depth_vit_cfg(**SMALL_IMAGE_CFG),
+    'dense_vit_tiny_patch4_32.fmnist': depth_vit_cfg(**dict(SMALL_IMAGE_CFG, **fmnist_cfg('dense_vit_tiny_patch4_32'))),
     'dense_vit_small': depth_vit_cfg(),
     'dense_vit_small_patch4_32': depth_vit_cfg(**SMALL_IMAGE_CFG),
     'dense_vit_base': depth_vit_cfg(),
     'dense_vit_base_patch4_32': depth_vit_cfg(**SMALL_IMAGE_CFG),
     'looped_vit_tiny': depth_vit_cfg(),
     'looped_vit_tiny_patch4_32': depth_vit_cfg(**SMALL_IMAGE_CFG),
+    'looped_vit_tiny_patch4_32.fmnist':
+        depth_vit_cfg(**dict(SMALL_IMAGE_CFG, **fmnist_cfg('looped_vit_tiny_patch4_32'))),
     'looped_vit_small': depth_vit_cfg(),
     'looped_vit_small_patch4_32': depth_vit_cfg(**SMALL_IMAGE_CFG),
     'looped_vit_base': depth_vit_cfg(),
     'looped_vit_base_patch4_32': depth_vit_cfg(**SMALL_IMAGE_CFG),
-})
+}))
 
 
 @register_model

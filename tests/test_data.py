@@ -1,0 +1,91 @@
+"""Fashion-MNIST helper: layout for torchvision / timm, the bundled sample, grey-to-channels conversion."""
+import gzip
+
+import numpy as np
+import pytest
+import torch
+
+import timm
+import timm_odevit  # noqa: F401
+from timm.data import create_dataset, create_transform, resolve_data_config
+
+from timm_odevit import data as fm
+
+
+def test_sample_is_small_seeded_and_balanced(tmp_path):
+    files = sorted(p.name for p in fm.SAMPLE_DIR.iterdir())
+    assert files == ['t10k-images-idx3-ubyte.gz', 't10k-labels-idx1-ubyte.gz']
+    assert sum(p.stat().st_size for p in fm.SAMPLE_DIR.iterdir()) < 600_000
+    ds = fm.fashion_mnist_dataset(fm.layout_fashion_mnist(fm.SAMPLE_DIR, tmp_path), 'test')
+    assert len(ds) == 1000 and tuple(ds.data.shape) == (1000, 28, 28)
+    counts = np.bincount(ds.targets.numpy(), minlength=10)
+    assert counts.min() >= 70, counts
+    if (fm.DEBIAN_FASHION_MNIST / 't10k-images-idx3-ubyte.gz').is_file():
+        # regenerating with the same seed from Debian's files gives the committed bytes
+        fm.make_sample(fm.DEBIAN_FASHION_MNIST, tmp_path / 'again', n=1000, seed=0)
+        for name in files:
+            assert (tmp_path / 'again' / name).read_bytes() == (fm.SAMPLE_DIR / name).read_bytes()
+
+
+def test_layout_reads_with_torchvision_and_timm(tmp_path):
+    root = fm.layout_fashion_mnist(fm.SAMPLE_DIR, tmp_path / 'data')
+    raw = root / 'FashionMNIST' / 'raw'
+    assert sorted(p.name for p in raw.iterdir()) == sorted(n for pair in fm.IDX_FILES.values() for n in pair)
+    # the sample has no training split: an empty one keeps torchvision's existence check happy
+    with pytest.raises(ValueError, match='no train images'):
+        fm.fashion_mnist_dataset(root, 'train')
+    ds = create_dataset('torch/fashion_mnist', root=str(root), split='validation', download=False)
+    img, label = ds[0]
+    assert img.mode == 'L' and img.size == (28, 28) and 0 <= label < 10
+    with gzip.open(fm.SAMPLE_DIR / 't10k-images-idx3-ubyte.gz') as f:
+        first = np.frombuffer(f.read()[16:16 + 784], dtype=np.uint8).reshape(28, 28)
+    assert np.array_equal(np.asarray(img), first)
+    # laying out again keeps the files (no rewrite), and an unzipped source works too
+    before = {p.name: p.stat().st_mtime_ns for p in raw.iterdir()}
+    fm.layout_fashion_mnist(fm.SAMPLE_DIR, tmp_path / 'data')
+    assert before == {p.name: p.stat().st_mtime_ns for p in raw.iterdir()}
+    root2 = fm.layout_fashion_mnist(raw, tmp_path / 'again')
+    assert len(fm.fashion_mnist_dataset(root2, 'test')) == 1000
+
+
+def test_missing_source_says_what_to_do(tmp_path):
+    with pytest.raises(FileNotFoundError, match='dataset-fashion-mnist'):
+        fm.layout_fashion_mnist(tmp_path, tmp_path / 'out')
+    with pytest.raises(ValueError, match="'train' or 'test'"):
+        fm.fashion_mnist_dataset(tmp_path, 'val')
+
+
+def test_grey_to_channels():
+    g = torch.rand(2, 1, 4, 4)
+    rgb = fm.GreyToChannels(3)(g)
+    assert rgb.shape == (2, 3, 4, 4) and all(torch.equal(rgb[:, i:i + 1], g) for i in range(3))
+    assert torch.allclose(fm.GreyToChannels(1)(rgb), g)
+    assert fm.GreyToChannels(1)(g) is g
+    with pytest.raises(ValueError, match='Cannot convert'):
+        fm.GreyToChannels(4)(rgb)
+
+
+def test_transform_matches_timm_for_grey_model_and_converts_for_rgb(tmp_path):
+    ds = fm.fashion_mnist_dataset(fm.layout_fashion_mnist(fm.SAMPLE_DIR, tmp_path), 'test')
+    img = ds[3][0]
+    grey_model = timm.create_model('ssog_ode_tiny_patch4_32.fmnist', pretrained=False)
+    ours = fm.fashion_mnist_transform(grey_model)(img)
+    timms = create_transform(**resolve_data_config(model=grey_model))(img)
+    assert ours.shape == (1, 32, 32) and torch.equal(ours, timms)
+    rgb_model = timm.create_model('ssog_ode_tiny_patch4_32', pretrained=False)
+    x = fm.fashion_mnist_transform(rgb_model)(img)
+    assert x.shape == (3, 32, 32)
+    cfg = resolve_data_config(model=rgb_model)
+    unnorm = x * torch.tensor(cfg['std'])[:, None, None] + torch.tensor(cfg['mean'])[:, None, None]
+    assert torch.allclose(unnorm[0], unnorm[1], atol=1e-6) and torch.allclose(unnorm[1], unnorm[2], atol=1e-6)
+    with torch.no_grad():
+        assert rgb_model.eval()(x[None]).shape == (1, 1000)
+
+
+def test_load_tensors_indices_and_limit(tmp_path):
+    model = timm.create_model('looped_ssog_tiny_patch4_32.fmnist', pretrained=False)
+    x, y = fm.load_tensors(fm.SAMPLE_DIR, 'test', model=model, cache_root=tmp_path, limit=5)
+    xi, yi = fm.load_tensors(fm.SAMPLE_DIR, 'test', model=model, cache_root=tmp_path, indices=[4, 0])
+    assert x.shape == (5, 1, 32, 32) and torch.equal(xi[0], x[4]) and torch.equal(yi, y[[4, 0]])
+    with pytest.raises(ValueError, match='no train images'):
+        fm.load_tensors(fm.SAMPLE_DIR, 'train', model=model, cache_root=tmp_path)

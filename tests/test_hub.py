@@ -1,0 +1,310 @@
+"""Published weights through the local Hub mirror: protocol, cache behaviour, exactness, cards, bad input.
+
+Every load runs in a fresh interpreter, because huggingface_hub reads HF_ENDPOINT / HF_HUB_OFFLINE / HF_HOME when it
+is imported. The mirror runs in this process and records every request it serves.
+"""
+import json
+import re
+import shutil
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Dict, List, Optional, Tuple
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+import timm
+import timm_odevit  # noqa: F401
+from timm_odevit import data as fm
+from timm_odevit.hub import ORG, MANIFEST_FILE, hub_id
+from timm_odevit.hub.demo import hub_env
+from timm_odevit.hub.published import FMNIST_TAG
+from timm_odevit.hub.recipe import evaluate
+from timm_odevit.hub.server import HubMirror
+from timm_odevit.hub.verify import build_manifest, verify_root, write_manifest
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+WEIGHTS = REPO_ROOT / 'weights'
+REPOS = sorted(p.name for p in WEIGHTS.iterdir() if p.is_dir())
+# the one repo the protocol tests download (a small one: the looped SSoG model has 0.39M params)
+PICK = next((r for r in REPOS if r.startswith('looped_ssog')), REPOS[0])
+ARCH = PICK.split('.')[0]
+
+_CLIENT = '''
+import json, sys, torch, timm, timm_odevit
+name, out = sys.argv[1], sys.argv[2]
+kw = json.loads(sys.argv[3]) if len(sys.argv) > 3 else {}
+model = timm.create_model(name, **kw).eval()
+torch.manual_seed(0)
+x = torch.randn(4, model.in_chans, 32, 32)
+with torch.no_grad():
+    y = model(x)
+torch.save({'x': x, 'y': y, 'arch': model.pretrained_cfg.get('architecture'), 'num_classes': model.num_classes,
+            'in_chans': model.in_chans, 'type': type(model).__name__}, out)
+'''
+
+
+def run_client(mirror_url: str, hf_home: Path, name: str, out: Path, offline: bool = False,
+               kwargs: Optional[Dict] = None) -> subprocess.CompletedProcess:
+    kwargs = {'pretrained': True} if kwargs is None else kwargs
+    return subprocess.run([sys.executable, '-c', _CLIENT, name, str(out), json.dumps(kwargs)],
+                          env=hub_env(mirror_url, str(hf_home), offline), capture_output=True, text=True,
+                          timeout=300, cwd=str(out.parent))
+
+
+def reference_output(repo_dir: Path, x: torch.Tensor) -> torch.Tensor:
+    """The exported model's output, built here from the folder's own files (no Hub code involved)."""
+    cfg = json.loads((repo_dir / 'config.json').read_text())
+    model = timm.create_model(cfg['architecture'], pretrained=False, **cfg['model_args']).eval()
+    model.load_state_dict(load_file(str(repo_dir / 'model.safetensors')))
+    with torch.no_grad():
+        return model(x)
+
+
+def file_requests(log: List[Tuple[str, str, int]], fname: str) -> List[Tuple[str, int]]:
+    return [(m, s) for m, p, s in log if p.endswith('/' + fname)]
+
+
+@pytest.fixture(scope='module')
+def mirror():
+    with HubMirror(str(WEIGHTS)) as m:
+        yield m
+
+
+def test_weights_folder_is_complete_and_matches_manifest():
+    assert REPOS, 'no published weights under weights/'
+    manifest = json.loads((WEIGHTS / MANIFEST_FILE).read_text())
+    assert manifest == build_manifest(WEIGHTS), 'weights/MANIFEST.json is stale: run python -m timm_odevit.hub manifest'
+    assert all(not errs for errs in verify_root(WEIGHTS).values()), verify_root(WEIGHTS)
+    for repo in REPOS:
+        names = {p.name for p in (WEIGHTS / repo).iterdir()}
+        assert names == {'model.safetensors', 'config.json', 'README.md'}, (repo, names)
+        assert (WEIGHTS / repo / 'model.safetensors').stat().st_size < 25e6
+
+
+def test_tag_registered_exactly_when_weights_exist():
+    published = {n for n in timm.list_pretrained() if n.endswith(f'.{FMNIST_TAG}')}
+    assert published == set(REPOS)
+    for name in published:
+        cfg = timm.models.get_pretrained_cfg(name)
+        arch, tag = name.split('.')
+        assert cfg.hf_hub_id == hub_id(arch, tag) == f'{ORG}/{name}'
+        # the untagged cfg stays the default: plain names keep 3 channels and 1000 classes
+        assert timm.create_model(arch, pretrained=False).num_classes == 1000
+
+
+@pytest.mark.parametrize('repo', REPOS)
+def test_config_json_is_what_save_for_hf_writes(repo, tmp_path):
+    model = timm.create_model(f'local-dir:{WEIGHTS / repo}', pretrained=True)
+    timm.models.save_for_hf(model, str(tmp_path), safe_serialization=True)
+    exported = json.loads((WEIGHTS / repo / 'config.json').read_text())
+    assert json.loads((tmp_path / 'config.json').read_text()) == exported
+    assert (tmp_path / 'model.safetensors').read_bytes() == (WEIGHTS / repo / 'model.safetensors').read_bytes()
+
+
+def test_fresh_cache_head_get_then_warm_head_only_then_offline_none(mirror, tmp_path):
+    hf_home = tmp_path / 'hf'
+    name = f'{ARCH}.{FMNIST_TAG}'
+    mirror.clear_log()
+    r = run_client(mirror.url, hf_home, name, tmp_path / 'a.pt')
+    assert r.returncode == 0, r.stderr
+    assert file_requests(mirror.log, 'model.safetensors') == [('HEAD', 200), ('GET', 200)], mirror.log
+    a = torch.load(tmp_path / 'a.pt')
+    # to the bit: the Hub-loaded model equals the exported folder built by hand
+    assert torch.equal(a['y'], reference_output(WEIGHTS / PICK, a['x']))
+    assert (a['arch'], a['num_classes'], a['in_chans']) == (ARCH, 10, 1)
+
+    mirror.clear_log()
+    r = run_client(mirror.url, hf_home, name, tmp_path / 'b.pt')
+    assert r.returncode == 0, r.stderr
+    assert file_requests(mirror.log, 'model.safetensors') == [('HEAD', 200)], mirror.log
+    assert all(m == 'HEAD' for m, _, _ in mirror.log)
+    assert torch.equal(torch.load(tmp_path / 'b.pt')['y'], a['y'])
+
+    mirror.clear_log()
+    r = run_client(mirror.url, hf_home, name, tmp_path / 'c.pt', offline=True)
+    assert r.returncode == 0, r.stderr
+    assert mirror.log == []
+    assert torch.equal(torch.load(tmp_path / 'c.pt')['y'], a['y'])
+
+
+def test_hf_hub_prefix_builds_model_from_config_json(mirror, tmp_path):
+    mirror.clear_log()
+    r = run_client(mirror.url, tmp_path / 'hf', f'hf-hub:{ORG}/{PICK}', tmp_path / 'h.pt')
+    assert r.returncode == 0, r.stderr
+    assert ('GET', 200) in file_requests(mirror.log, 'config.json')
+    h = torch.load(tmp_path / 'h.pt')
+    assert (h['arch'], h['num_classes'], h['in_chans'], h['type']) == (ARCH, 10, 1, 'DepthVisionTransformer')
+    assert torch.equal(h['y'], reference_output(WEIGHTS / PICK, h['x']))
+
+
+def test_local_dir_prefix(tmp_path):
+    model = timm.create_model(f'local-dir:{WEIGHTS / PICK}', pretrained=True).eval()
+    x = torch.randn(2, 1, 32, 32)
+    with torch.no_grad():
+        assert torch.equal(model(x), reference_output(WEIGHTS / PICK, x))
+
+
+def _request(url: str, method: str = 'GET', headers: Optional[Dict[str, str]] = None):
+    req = urllib.request.Request(url, method=method, headers=headers or {})
+    try:
+        with urllib.request.urlopen(req, timeout=30) as resp:
+            return resp.status, dict(resp.headers), resp.read()
+    except urllib.error.HTTPError as e:
+        return e.code, dict(e.headers), e.read()
+
+
+def test_protocol_headers_range_and_404_codes(mirror):
+    base = f'{mirror.url}/{ORG}/{PICK}/resolve/main'
+    entry = json.loads((WEIGHTS / MANIFEST_FILE).read_text())['files'][f'{PICK}/model.safetensors']
+    status, h, body = _request(f'{base}/model.safetensors', 'HEAD')
+    assert status == 200 and body == b''
+    assert re.fullmatch(r'[0-9a-f]{40}', h['X-Repo-Commit'])
+    assert h['ETag'] == f'"{entry["sha256"]}"' and int(h['Content-Length']) == entry['size']
+    # the commit id resolves like main
+    status, h2, _ = _request(f'{mirror.url}/{ORG}/{PICK}/resolve/{h["X-Repo-Commit"]}/config.json', 'HEAD')
+    assert status == 200
+    status, h3, part = _request(f'{base}/model.safetensors', headers={'Range': 'bytes=8-15'})
+    assert status == 206 and part == (WEIGHTS / PICK / 'model.safetensors').read_bytes()[8:16]
+    assert h3['Content-Range'] == f'bytes 8-15/{entry["size"]}'
+
+    status, h, body = _request(f'{mirror.url}/{ORG}/no_such_model.fmnist/resolve/main/config.json', 'HEAD')
+    assert (status, h['X-Error-Code']) == (404, 'RepoNotFound')
+    status, h, body = _request(f'{mirror.url}/other-org/{PICK}/resolve/main/config.json')
+    assert (status, h['X-Error-Code']) == (404, 'RepoNotFound') and b'not found' in body
+    status, h, _ = _request(f'{base}/pytorch_model.bin', 'HEAD')
+    assert (status, h['X-Error-Code']) == (404, 'EntryNotFound') and re.fullmatch(r'[0-9a-f]{40}', h['X-Repo-Commit'])
+    status, h, _ = _request(f'{base}/../../{REPOS[-1]}/resolve/main/config.json', 'HEAD')
+    assert status == 404
+    status, h, _ = _request(f'{mirror.url}/{ORG}/{PICK}/resolve/v9/config.json', 'HEAD')
+    assert (status, h['X-Error-Code']) == (404, 'RevisionNotFound')
+    status, h, body = _request(f'{mirror.url}/api/models/{ORG}/{PICK}')
+    info = json.loads(body)
+    assert status == 200 and {s['rfilename'] for s in info['siblings']} == {'model.safetensors', 'config.json',
+                                                                             'README.md'}
+
+
+def test_missing_repo_and_file_raise_hub_errors(mirror, tmp_path):
+    code = ('import sys\nfrom huggingface_hub import hf_hub_download\n'
+            'try:\n    hf_hub_download(sys.argv[1], sys.argv[2])\n'
+            'except Exception as e:\n    print(type(e).__name__)\n')
+    env = hub_env(mirror.url, str(tmp_path / 'hf'))
+    out = [subprocess.run([sys.executable, '-c', code, repo, f], env=env, capture_output=True, text=True,
+                          timeout=120).stdout.strip()
+           for repo, f in ((f'{ORG}/nope.fmnist', 'config.json'), (f'{ORG}/{PICK}', 'missing.bin'))]
+    assert out == ['RepositoryNotFoundError', 'RemoteEntryNotFoundError'] or out == ['RepositoryNotFoundError',
+                                                                                    'EntryNotFoundError'], out
+
+
+@pytest.mark.parametrize('repo', REPOS)
+def test_card_top1_reproduces_on_sample(repo):
+    card = (WEIGHTS / repo / 'README.md').read_text()
+    m = re.search(r'sample \(1,000 test images, bundled\): top-1 ([\d.]+)% \((\d+)/(\d+)\)', card)
+    assert m, 'model card lacks the sample top-1'
+    model = timm.create_model(f'local-dir:{WEIGHTS / repo}', pretrained=True)
+    r = evaluate(model, str(fm.SAMPLE_DIR))
+    assert (r['correct'], r['n']) == (int(m.group(2)), int(m.group(3)))
+    for needed in ('Params (M)', 'GMACs', 'License', 'Training recipe', 'python -m timm_odevit.hub evaluate',
+                   'Fashion-MNIST test set (10,000 images)', 'pretrained=True'):
+        assert needed in card, needed
+
+
+# ---- bad input: each refused with the file named and the fix, nothing broken left in the client cache ----
+
+@pytest.fixture()
+def bad_root(tmp_path):
+    root = tmp_path / 'weights'
+    root.mkdir()
+    shutil.copytree(WEIGHTS / PICK, root / PICK)
+    write_manifest(root)
+    return root
+
+
+def _corrupt_truncate(root: Path) -> None:
+    f = root / PICK / 'model.safetensors'
+    f.write_bytes(f.read_bytes()[:-1000])
+
+
+def _corrupt_flip(root: Path) -> None:
+    f = root / PICK / 'model.safetensors'
+    b = bytearray(f.read_bytes())
+    b[-5] ^= 0xFF
+    f.write_bytes(bytes(b))
+
+
+def _corrupt_header_consistent(root: Path) -> None:
+    # a broken export whose manifest was regenerated: sha256 matches, the safetensors header does not parse
+    f = root / PICK / 'model.safetensors'
+    f.write_bytes(f.read_bytes()[:200])
+    write_manifest(root)
+
+
+def _unknown_arch(root: Path) -> None:
+    f = root / PICK / 'config.json'
+    cfg = json.loads(f.read_text())
+    cfg['architecture'] = 'no_such_arch_tiny'
+    f.write_text(json.dumps(cfg, indent=2))
+    write_manifest(root)
+
+
+def _other_arch_weights(root: Path) -> None:
+    other = next(r for r in REPOS if r != PICK and not r.startswith('looped'))
+    shutil.copy(WEIGHTS / other / 'model.safetensors', root / PICK / 'model.safetensors')
+    write_manifest(root)
+
+
+BAD = {
+    'truncated': (_corrupt_truncate, 'model.safetensors', 'size'),
+    'sha256_mismatch': (_corrupt_flip, 'model.safetensors', 'sha256'),
+    'corrupted_header': (_corrupt_header_consistent, 'model.safetensors', 'not a complete safetensors file'),
+    'unknown_architecture': (_unknown_arch, 'config.json', "names architecture 'no_such_arch_tiny'"),
+    'other_architecture_weights': (_other_arch_weights, 'model.safetensors', 'does not hold weights of'),
+}
+
+
+@pytest.mark.parametrize('case', sorted(BAD))
+def test_bad_repo_refused_with_file_and_fix(case, bad_root, tmp_path):
+    breaker, bad_file, what = BAD[case]
+    breaker(bad_root)
+    errs = verify_root(bad_root)[PICK]
+    assert errs and str(bad_root / PICK / bad_file) in str(errs[0]) and what in str(errs[0])
+    assert 'python -m timm_odevit.hub' in str(errs[0]) or 'import timm_odevit' in str(errs[0])
+    hf_home = tmp_path / 'hf'
+    with HubMirror(str(bad_root)) as m:
+        status, h, body = _request(f'{m.url}/{ORG}/{PICK}/resolve/main/{bad_file}', 'HEAD')
+        assert status == 500 and what in h['X-Error-Message'] and bad_file in h['X-Error-Message']
+        name = f'hf-hub:{ORG}/{PICK}' if bad_file == 'config.json' else f'{ARCH}.{FMNIST_TAG}'
+        r = run_client(m.url, hf_home, name, tmp_path / 'x.pt')
+        assert r.returncode != 0
+        assert what in r.stderr and bad_file in r.stderr, r.stderr[-2000:]
+        assert not any(mm == 'GET' and p.endswith(bad_file) for mm, p, _ in m.log)
+    # the client cache holds no copy (complete or partial) of the refused file
+    cached = [p for p in hf_home.rglob('*') if p.is_file() and (p.name == bad_file or p.suffix == '.incomplete')]
+    assert cached == []
+    cli = subprocess.run([sys.executable, '-m', 'timm_odevit.hub', 'verify', '--root', str(bad_root)],
+                         capture_output=True, text=True, timeout=120)
+    assert cli.returncode == 1 and 'FAILED' in cli.stdout and what in cli.stdout
+
+
+def test_export_and_push_dry_run(tmp_path):
+    model = timm.create_model(f'local-dir:{WEIGHTS / PICK}', pretrained=True)
+    from timm_odevit.hub.export import export, push
+    repo = export(model, ARCH, 'copy', str(tmp_path), {'description': 'test'})
+    assert sorted(p.name for p in repo.iterdir()) == ['README.md', 'config.json', 'model.safetensors']
+    assert (repo / 'model.safetensors').read_bytes() == (WEIGHTS / PICK / 'model.safetensors').read_bytes()
+    assert json.loads((tmp_path / MANIFEST_FILE).read_text()) == build_manifest(tmp_path)
+    lines = push(str(WEIGHTS / PICK), dry_run=True)
+    assert lines[0].startswith(f'repo: {ORG}/{PICK}') and lines[-1] == 'dry run: nothing sent'
+    assert 'byte-identical' in lines[1] and 'DIFFERS' not in '\n'.join(lines)
+
+
+def test_demo_prints_top1_through_mirror(capsys):
+    from timm_odevit.hub.demo import main
+    assert main() == 0
+    out = capsys.readouterr().out
+    assert re.search(r'top-1 on the bundled sample [\d.]+%', out)
+    assert 'HEAD' in out and 'GET' in out and 'model.safetensors' in out

@@ -1,0 +1,122 @@
+"""``python -m timm_odevit.hub``: export, manifest, verify, push, serve, evaluate, demo."""
+import argparse
+import json
+import logging
+import sys
+from pathlib import Path
+from typing import List, Optional
+
+from . import ORG
+
+
+def _evaluate_cmd(folder: str, data: str) -> str:
+    return f'python -m timm_odevit.hub evaluate {folder} --data {data}'
+
+
+def evaluate_folder(folder: str, data: str = 'sample') -> dict:
+    """Top-1 of the weights in ``folder`` (loaded with timm's ``local-dir:``) on the sample or the full test set."""
+    import timm
+    import timm_odevit  # noqa: F401  (registers the architectures config.json names)
+    from .. import data as fm
+    from .recipe import evaluate
+    src = {'sample': fm.SAMPLE_DIR, 'full': fm.DEBIAN_FASHION_MNIST}.get(data, data)
+    model = timm.create_model(f'local-dir:{Path(folder).resolve()}', pretrained=True)
+    return evaluate(model, str(src))
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    p = argparse.ArgumentParser(prog='python -m timm_odevit.hub', description=__doc__)
+    sub = p.add_subparsers(dest='cmd', required=True)
+
+    e = sub.add_parser('export', help='export a trained checkpoint to <root>/<arch>.<tag>/ and update the manifest')
+    e.add_argument('checkpoint')
+    e.add_argument('--tag', required=True)
+    e.add_argument('--arch', default=None, help='default: the checkpoint\'s "arch"')
+    e.add_argument('--root', default='weights')
+    e.add_argument('--use-ema', action='store_true')
+    e.add_argument('--no-full', action='store_true', help='skip the full Fashion-MNIST test set')
+
+    m = sub.add_parser('manifest', help='rewrite <root>/MANIFEST.json from the files as they are')
+    m.add_argument('--root', default='weights')
+
+    v = sub.add_parser('verify', help='check every repo under --root (manifest, config, architecture, shapes)')
+    v.add_argument('--root', default='weights')
+
+    u = sub.add_parser('push', help="push a folder with timm's push_to_hf_hub")
+    u.add_argument('folder')
+    u.add_argument('--repo-id', default=None, help=f'default: {ORG}/<folder name>')
+    u.add_argument('--dry-run', action='store_true', help='show what would be sent; no network')
+    u.add_argument('--private', action='store_true')
+
+    s = sub.add_parser('serve', help='serve a folder of repos over the Hub download protocol on loopback')
+    s.add_argument('--root', default='weights')
+    s.add_argument('--port', type=int, default=8765)
+    s.add_argument('--host', default='127.0.0.1')
+    s.add_argument('--org', default=ORG)
+    s.add_argument('--no-verify', action='store_true', help='serve files without manifest/config checks')
+    s.add_argument('--duration', type=float, default=None, help='stop after this many seconds')
+
+    ev = sub.add_parser('evaluate', help='top-1 of a weights folder on the bundled sample or the full test set')
+    ev.add_argument('folder')
+    ev.add_argument('--data', default='sample', help="'sample', 'full' or a folder of IDX files")
+
+    d = sub.add_parser('demo', help='load a pretrained model through an in-process mirror and classify the sample')
+    d.add_argument('--model', default=None)
+    d.add_argument('--root', default=None)
+
+    a = p.parse_args(argv)
+    logging.basicConfig(level=logging.INFO if a.cmd == 'serve' else logging.WARNING, format='%(message)s')
+
+    if a.cmd == 'export':
+        import timm_odevit  # noqa: F401
+        import torch
+        from .. import data as fm
+        from .export import export, model_card, model_from_checkpoint
+        from .recipe import evaluate
+        model = model_from_checkpoint(a.checkpoint, a.arch, a.use_ema)
+        arch = a.arch or torch.load(a.checkpoint, map_location='cpu', weights_only=True)['arch']
+        ckpt = torch.load(a.checkpoint, map_location='cpu', weights_only=True)
+        folder = f'{a.root}/{arch}.{a.tag}'
+        metrics = {}
+        for name, src in (('Fashion-MNIST sample (1,000 test images, bundled)', fm.SAMPLE_DIR),
+                          ('Fashion-MNIST test set (10,000 images)', fm.DEBIAN_FASHION_MNIST)):
+            if src == fm.DEBIAN_FASHION_MNIST and (a.no_full or not src.is_dir()):
+                continue
+            r = evaluate(model, str(src))
+            r['command'] = _evaluate_cmd(folder, 'sample' if src == fm.SAMPLE_DIR else 'full')
+            metrics[name] = r
+        card = model_card(arch, a.tag, model, metrics, ckpt.get('recipe'))
+        repo = export(model, arch, a.tag, a.root, card)
+        print(json.dumps({'repo': str(repo), **{k: v['top1'] for k, v in metrics.items()}}))
+    elif a.cmd == 'manifest':
+        from .verify import write_manifest
+        print(write_manifest(Path(a.root)))
+    elif a.cmd == 'verify':
+        import timm_odevit  # noqa: F401
+        from .verify import verify_root
+        bad = 0
+        for repo, errs in verify_root(Path(a.root)).items():
+            print(f'{repo or a.root}: {"ok" if not errs else "FAILED"}')
+            for err in errs:
+                print(f'  {err}')
+            bad += len(errs)
+        return 1 if bad else 0
+    elif a.cmd == 'push':
+        import timm_odevit  # noqa: F401
+        from .export import push
+        print('\n'.join(push(a.folder, a.repo_id, a.dry_run, private=a.private)))
+    elif a.cmd == 'serve':
+        import timm_odevit  # noqa: F401  (the checks build models named in config.json)
+        from .server import serve
+        serve(a.root, a.port, a.host, a.org, not a.no_verify, a.duration)
+    elif a.cmd == 'evaluate':
+        r = evaluate_folder(a.folder, a.data)
+        print(f'{a.folder} on {a.data}: top-1 {r["top1"]:.2f}% ({r["correct"]}/{r["n"]})')
+    elif a.cmd == 'demo':
+        from .demo import main as demo_main
+        return demo_main(model=a.model, root=a.root)
+    return 0
+
+
+if __name__ == '__main__':
+    sys.exit(main())

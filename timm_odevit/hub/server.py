@@ -1,0 +1,321 @@
+"""A local Hugging Face Hub mirror over a folder of repos: what ``HF_ENDPOINT`` points at on an air-gapped machine.
+
+``python -m timm_odevit.hub serve --root weights --port 8765`` then ``HF_ENDPOINT=http://127.0.0.1:8765``.
+The folder holds ``<repo>/`` directories (``weights/<arch>.<tag>/``) and ``MANIFEST.json``; each is served as
+``<org>/<repo>``. Routes (the Hub's download protocol, as huggingface_hub's ``hf_hub_download`` uses it):
+
+- ``HEAD|GET /{org}/{repo}/resolve/{revision}/{path}``: ``X-Repo-Commit`` (40 hex, derived from the manifest),
+  ``ETag`` (the file's sha256), ``Content-Length``, ``Accept-Ranges``; GET honours ``Range: bytes=a-[b]``.
+- ``GET /api/models/{org}/{repo}[/revision/{revision}]``: repo info with ``sha`` and ``siblings``
+  (``snapshot_download``).
+- 404 with ``X-Error-Code``: ``RepoNotFound``, ``RevisionNotFound``, ``EntryNotFound`` (the Hub's codes, which
+  huggingface_hub maps to its error classes). Every file of a repo failing its checks (see ``verify.py``) is
+  refused with 500 and an ``X-Error-Message`` naming the bad file and the fix, so no client caches any of it.
+
+Only the standard library (``http.server``, threaded); binds to loopback only.
+"""
+import hashlib
+import ipaddress
+import json
+import logging
+import re
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Tuple
+from urllib.parse import unquote, urlsplit
+
+from . import MANIFEST_FILE, ORG
+from .verify import RepoError, load_manifest, verify_repo
+
+__all__ = ['HubMirror', 'serve']
+
+_logger = logging.getLogger(__name__)
+
+_NAME = re.compile(r'^[A-Za-z0-9][A-Za-z0-9._-]{0,95}$')
+_CHUNK = 1 << 16
+MAX_PATH = 1024
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: '_Server'
+    protocol_version = 'HTTP/1.1'
+    # a stalled client cannot hold a thread forever
+    timeout = 30
+
+    def log_message(self, fmt: str, *args: Any) -> None:
+        _logger.debug('%s %s', self.address_string(), fmt % args)
+
+    def do_HEAD(self) -> None:
+        self._route(head=True)
+
+    def do_GET(self) -> None:
+        self._route(head=False)
+
+    def _send(self, status: int, headers: Dict[str, str], body: bytes = b'', head: bool = False) -> None:
+        self.send_response(status)
+        for k, v in headers.items():
+            self.send_header(k, v)
+        if 'Content-Length' not in headers:
+            self.send_header('Content-Length', str(len(body)))
+        self.end_headers()
+        if not head and body:
+            self.wfile.write(body)
+
+    def _error(self, status: int, code: Optional[str], message: str, head: bool,
+               extra: Optional[Dict[str, str]] = None) -> None:
+        body = json.dumps({'error': message}).encode()
+        headers = {'Content-Type': 'application/json', 'X-Error-Message': message.replace('\n', ' ')}
+        if code:
+            headers['X-Error-Code'] = code
+        headers.update(extra or {})
+        self._send(status, headers, body, head)
+
+    def _route(self, head: bool) -> None:
+        status = 500
+        try:
+            status = self._dispatch(head)
+        except (BrokenPipeError, ConnectionResetError):
+            status = 499
+        finally:
+            self.server.record(self.command, self.path, status)
+
+    def _dispatch(self, head: bool) -> int:
+        path = unquote(urlsplit(self.path).path)
+        if len(path) > MAX_PATH:
+            self._error(414, None, 'Request path too long.', head)
+            return 414
+        parts = [p for p in path.split('/') if p]
+        if len(parts) >= 5 and parts[2] == 'resolve':
+            return self._resolve(parts[0], parts[1], parts[3], '/'.join(parts[4:]), head)
+        if len(parts) >= 4 and parts[:2] == ['api', 'models']:
+            rev = parts[5] if len(parts) >= 6 and parts[4] == 'revision' else 'main'
+            return self._info(parts[2], parts[3], rev, head)
+        self._error(404, None, f'No such route: {path}. This mirror serves /{{org}}/{{repo}}/resolve/{{rev}}/{{file}}.',
+                    head)
+        return 404
+
+    def _repo(self, org: str, repo: str, head: bool) -> Optional[Path]:
+        srv = self.server
+        if org != srv.org or not _NAME.match(repo) or not (srv.root / repo).is_dir():
+            self._error(404, 'RepoNotFound', f'Repository {org}/{repo} not found in {srv.root} (org {srv.org}). '
+                                             f'Export it there with `python -m timm_odevit.hub export`.', head)
+            return None
+        return srv.root / repo
+
+    def _revision_ok(self, repo: str, rev: str, head: bool) -> Optional[str]:
+        commit = self.server.commit(repo)
+        if rev not in ('main', commit):
+            self._error(404, 'RevisionNotFound', f'Revision {rev} not found for {self.server.org}/{repo}: this '
+                                                 f'mirror serves main = {commit}.', head, {'X-Repo-Commit': commit})
+            return None
+        return commit
+
+    def _resolve(self, org: str, repo: str, rev: str, rel: str, head: bool) -> int:
+        repo_dir = self._repo(org, repo, head)
+        if repo_dir is None:
+            return 404
+        commit = self._revision_ok(repo, rev, head)
+        if commit is None:
+            return 404
+        target = (repo_dir / rel)
+        if '..' in rel.split('/') or repo_dir.resolve() not in target.resolve().parents:
+            self._error(404, 'EntryNotFound', f'{rel} not found in {org}/{repo}.', head, {'X-Repo-Commit': commit})
+            return 404
+        problem = self.server.problem(repo, target)
+        if problem is not None:
+            self._error(500, None, problem, head, {'X-Repo-Commit': commit})
+            return 500
+        if not target.is_file():
+            self._error(404, 'EntryNotFound', f'{rel} not found in {org}/{repo}.', head, {'X-Repo-Commit': commit})
+            return 404
+        sha = self.server.sha256(repo, rel)
+        size = target.stat().st_size
+        start, end = 0, size - 1
+        status = 200
+        rng = self.headers.get('Range')
+        m = re.fullmatch(r'bytes=(\d+)-(\d*)', rng.strip()) if rng else None
+        if m and not head:
+            start = int(m.group(1))
+            end = min(int(m.group(2)), size - 1) if m.group(2) else size - 1
+            if start > end:
+                self._error(416, None, f'Range {rng} outside 0-{size - 1}.', head, {'Content-Range': f'bytes */{size}'})
+                return 416
+            status = 206
+        headers = {
+            'Content-Type': 'application/octet-stream', 'Content-Length': str(end - start + 1),
+            'ETag': f'"{sha}"', 'X-Repo-Commit': commit, 'Accept-Ranges': 'bytes',
+        }
+        if status == 206:
+            headers['Content-Range'] = f'bytes {start}-{end}/{size}'
+        self._send(status, headers, head=True)
+        if not head:
+            with open(target, 'rb') as f:
+                f.seek(start)
+                left = end - start + 1
+                # bounded: at most size / _CHUNK iterations, and stops on a short read
+                while left > 0:
+                    block = f.read(min(_CHUNK, left))
+                    if not block:
+                        break
+                    self.wfile.write(block)
+                    left -= len(block)
+        return status
+
+    def _info(self, org: str, repo: str, rev: str, head: bool) -> int:
+        repo_dir = self._repo(org, repo, head)
+        if repo_dir is None:
+            return 404
+        commit = self._revision_ok(repo, rev, head)
+        if commit is None:
+            return 404
+        files = sorted(p.relative_to(repo_dir).as_posix() for p in repo_dir.rglob('*') if p.is_file())
+        body = json.dumps({'id': f'{org}/{repo}', 'modelId': f'{org}/{repo}', 'sha': commit, 'private': False,
+                           'library_name': 'timm', 'siblings': [{'rfilename': f} for f in files]}).encode()
+        self._send(200, {'Content-Type': 'application/json', 'X-Repo-Commit': commit}, body, head)
+        return 200
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    # bounded backlog; each request thread has a socket timeout (_Handler.timeout)
+    request_queue_size = 32
+
+    def __init__(self, addr: Tuple[str, int], root: Path, org: str, verify: bool) -> None:
+        super().__init__(addr, _Handler)
+        self.root = Path(root)
+        self.org = org
+        self.verify = verify
+        self.log: List[Tuple[str, str, int]] = []
+        self._lock = threading.Lock()
+        self._cache: Dict[str, Tuple[Any, Dict[Path, RepoError]]] = {}
+
+    def record(self, method: str, path: str, status: int) -> None:
+        with self._lock:
+            self.log.append((method, path, status))
+        _logger.info('%s %s %d', method, path, status)
+
+    def _manifest(self) -> Dict[str, Any]:
+        return load_manifest(self.root)
+
+    def _state(self, repo: str) -> Tuple[Any, ...]:
+        files = sorted((p.as_posix(), p.stat().st_mtime_ns, p.stat().st_size)
+                       for p in (self.root / repo).rglob('*') if p.is_file())
+        m = self.root / MANIFEST_FILE
+        return (tuple(files), m.stat().st_mtime_ns if m.is_file() else None)
+
+    def problems(self, repo: str) -> Dict[Path, RepoError]:
+        """Problems of a repo by file, recomputed only when a file or the manifest changed."""
+        state = self._state(repo)
+        with self._lock:
+            hit = self._cache.get(repo)
+            if hit is not None and hit[0] == state:
+                return hit[1]
+        errs = {e.path: e for e in verify_repo(self.root, repo)} if self.verify else {}
+        with self._lock:
+            self._cache[repo] = (state, errs)
+        return errs
+
+    def problem(self, repo: str, target: Path) -> Optional[str]:
+        """Why ``target`` must not be served: any problem of its repo, the target's own first.
+
+        A broken repo is refused whole: timm falls back from model.safetensors to pytorch_model.bin when the first
+        fails, so refusing one file only would hide the reason behind a later 'not found'; and a client should not
+        cache half of an inconsistent repo either.
+        """
+        errs = self.problems(repo)
+        if not errs:
+            return None
+        ordered = sorted(errs.values(), key=lambda e: e.path != target)
+        return ' | '.join(str(e) for e in ordered)
+
+    def sha256(self, repo: str, rel: str) -> str:
+        try:
+            entry = self._manifest()['files'].get(f'{repo}/{rel}')
+        except RepoError:
+            entry = None
+        if entry is not None:
+            return entry['sha256']
+        from .verify import sha256_file
+        return sha256_file(self.root / repo / rel)
+
+    def commit(self, repo: str) -> str:
+        """A stable 40-hex commit id per repo: sha1 over its files' manifest entries (changes when a file does)."""
+        try:
+            files = self._manifest().get('files', {})
+        except RepoError:
+            files = {}
+        own = {k: v for k, v in files.items() if k.startswith(f'{repo}/')}
+        if not own:
+            own = {p.as_posix(): p.stat().st_size for p in (self.root / repo).rglob('*') if p.is_file()}
+        return hashlib.sha1(json.dumps(own, sort_keys=True).encode()).hexdigest()
+
+
+class HubMirror:
+    """The mirror as an object: ``with HubMirror('weights') as m: ... m.url ... m.log``.
+
+    Args:
+        root: Folder of repo folders plus MANIFEST.json.
+        port: TCP port on ``host`` (0: a free one).
+        host: A loopback address; anything else is refused.
+        org: Organisation the repos are served under.
+        verify: Refuse files failing the manifest/config/weights checks (on by default).
+    """
+
+    def __init__(self, root: str = 'weights', port: int = 0, host: str = '127.0.0.1', org: str = ORG,
+                 verify: bool = True) -> None:
+        if not ipaddress.ip_address(host).is_loopback:
+            raise ValueError(f'The mirror binds to loopback only, got host {host!r}; use 127.0.0.1.')
+        if not Path(root).is_dir():
+            raise FileNotFoundError(f'{root} is not a folder of Hub repos (e.g. weights/).')
+        self._server = _Server((host, port), Path(root), org, verify)
+        self._thread: Optional[threading.Thread] = None
+
+    @property
+    def url(self) -> str:
+        host, port = self._server.server_address[:2]
+        return f'http://{host}:{port}'
+
+    @property
+    def log(self) -> List[Tuple[str, str, int]]:
+        """(method, path, status) of every request so far."""
+        with self._server._lock:
+            return list(self._server.log)
+
+    def clear_log(self) -> None:
+        with self._server._lock:
+            self._server.log.clear()
+
+    def start(self) -> 'HubMirror':
+        self._thread = threading.Thread(target=self._server.serve_forever, kwargs={'poll_interval': 0.1},
+                                        daemon=True, name='timm-odevit-hub-mirror')
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+
+    def __enter__(self) -> 'HubMirror':
+        return self.start()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
+
+
+def serve(root: str = 'weights', port: int = 8765, host: str = '127.0.0.1', org: str = ORG,
+          verify: bool = True, duration: Optional[float] = None) -> None:
+    """Serve in the foreground until Ctrl-C (or ``duration`` seconds), printing the HF_ENDPOINT to use."""
+    mirror = HubMirror(root, port, host, org, verify).start()
+    print(f'Serving {root} as {org}/<repo> at {mirror.url}\n  export HF_ENDPOINT={mirror.url}', flush=True)
+    try:
+        deadline = None if duration is None else time.monotonic() + duration
+        while deadline is None or time.monotonic() < deadline:
+            time.sleep(0.5)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        mirror.stop()
