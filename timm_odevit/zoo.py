@@ -1,5 +1,6 @@
-"""The model zoo at a glance: ``python -m timm_odevit`` builds every family and prints params, GMACs, NFE and a quick
-side-by-side speed ratio of each SSoG model against its dense twin, plus the ODE-ViT paper configs' counts.
+"""The main job, ``python -m timm_odevit``: a pretrained model loaded through the local Hub mirror classifies the
+bundled Fashion-MNIST sample; then the zoo at a glance, every family's params, GMACs, NFE and a quick side-by-side
+speed ratio of each SSoG model against its dense twin, the parameter reductions and the ODE-ViT paper configs' counts.
 """
 import argparse
 import statistics
@@ -112,14 +113,21 @@ def paper_table() -> str:
 
 
 def main(argv: Optional[List[str]] = None) -> None:
+    """Run the demo and print the zoo tables."""
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument('--sizes', nargs='+', default=['tiny', 'small', 'base'], choices=['tiny', 'small', 'base'])
     parser.add_argument('--repeats', type=int, default=5, help='timed forwards per model for the speed ratio')
     parser.add_argument('--threads', type=int, default=None, help='torch threads (default: torch decides)')
+    parser.add_argument('--no-demo', action='store_true', help='skip the pretrained classification demo')
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
     torch.manual_seed(0)
+    if not args.no_demo:
+        from .hub.demo import main as pretrained_demo
+        if pretrained_demo() != 0:
+            raise SystemExit('the pretrained demo failed (see above)')
+        print()
     print(f'timm {timm.__version__}, torch {torch.__version__}, {torch.get_num_threads()} threads, 224 px models\n')
     print(zoo_table(args.sizes, args.repeats), end='\n\n')
     print(reduction_table(args.sizes), end='\n\n')

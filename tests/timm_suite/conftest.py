@@ -30,8 +30,10 @@ NOT_APPLICABLE = {
     'test_model_forward_fx_torchscript': 'TorchScript, as above.',
     'test_model_forward_torchscript_with_features_fx': 'TorchScript, as above.',
     'test_model_inference': "needs timm's reference tensors on the Hub for models named 'test_*'.",
-    'test_model_load_pretrained': 'no pretrained tags yet; the Hub tests cover loading.',
-    'test_model_features_pretrained': 'no pretrained tags yet; the Hub tests cover loading.',
+    'test_model_load_pretrained':
+        'downloads from the real Hub (no network here); tests/test_hub.py loads every published weight through '
+        'the local mirror instead.',
+    'test_model_features_pretrained': 'downloads from the real Hub, as above.',
 }
 
 _orig_list_models = timm.list_models
