@@ -22,7 +22,7 @@ import timm_odevit  # noqa: F401
 from timm_odevit import data as fm
 from timm_odevit.hub import ORG, MANIFEST_FILE, hub_id
 from timm_odevit.hub.demo import hub_env
-from timm_odevit.hub.published import FMNIST_TAG
+from timm_odevit.models.pretrained import FMNIST_TAG
 from timm_odevit.hub.recipe import evaluate
 from timm_odevit.hub.server import HubMirror
 from timm_odevit.hub.verify import build_manifest, verify_root, write_manifest
