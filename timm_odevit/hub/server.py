@@ -104,21 +104,23 @@ class _Handler(BaseHTTPRequestHandler):
             return None
         return srv.root / repo
 
-    def _revision_ok(self, repo: str, rev: str, head: bool) -> Optional[str]:
+    def _repo_at(self, org: str, repo: str, rev: str, head: bool) -> Optional[Tuple[Path, str]]:
+        """(repo folder, commit id) when both exist, else None after sending the Hub's 404."""
+        repo_dir = self._repo(org, repo, head)
+        if repo_dir is None:
+            return None
         commit = self.server.commit(repo)
         if rev not in ('main', commit):
             self._error(404, 'RevisionNotFound', f'Revision {rev} not found for {self.server.org}/{repo}: this '
                                                  f'mirror serves main = {commit}.', head, {'X-Repo-Commit': commit})
             return None
-        return commit
+        return repo_dir, commit
 
     def _resolve(self, org: str, repo: str, rev: str, rel: str, head: bool) -> int:
-        repo_dir = self._repo(org, repo, head)
-        if repo_dir is None:
+        found = self._repo_at(org, repo, rev, head)
+        if found is None:
             return 404
-        commit = self._revision_ok(repo, rev, head)
-        if commit is None:
-            return 404
+        repo_dir, commit = found
         target = (repo_dir / rel)
         if '..' in rel.split('/') or repo_dir.resolve() not in target.resolve().parents:
             self._error(404, 'EntryNotFound', f'{rel} not found in {org}/{repo}.', head, {'X-Repo-Commit': commit})
@@ -164,12 +166,10 @@ class _Handler(BaseHTTPRequestHandler):
         return status
 
     def _info(self, org: str, repo: str, rev: str, head: bool) -> int:
-        repo_dir = self._repo(org, repo, head)
-        if repo_dir is None:
+        found = self._repo_at(org, repo, rev, head)
+        if found is None:
             return 404
-        commit = self._revision_ok(repo, rev, head)
-        if commit is None:
-            return 404
+        repo_dir, commit = found
         files = sorted(p.relative_to(repo_dir).as_posix() for p in repo_dir.rglob('*') if p.is_file())
         body = json.dumps({'id': f'{org}/{repo}', 'modelId': f'{org}/{repo}', 'sha': commit, 'private': False,
                            'library_name': 'timm', 'siblings': [{'rfilename': f} for f in files]}).encode()
