@@ -9,9 +9,9 @@ from typing import Dict, List, Optional
 
 import timm
 import torch
-from torch.utils.flop_counter import FlopCounterMode
 
 from . import models  # noqa: F401  (registers the models)
+from .benchmark.runner import count_gmacs
 
 # family -> its dense-attention twin (None for the dense families themselves)
 FAMILIES: Dict[str, Optional[str]] = {
@@ -51,13 +51,6 @@ def paper_trainable_params(name: str) -> int:
     return sum(p.numel() for p in model.parameters() if p.requires_grad)
 
 
-def gmacs(model: torch.nn.Module, img_size: int) -> float:
-    x = torch.randn(1, model.in_chans, img_size, img_size)
-    with torch.no_grad(), FlopCounterMode(display=False) as counter:
-        model(x)
-    return counter.get_total_flops() / 2e9
-
-
 def median_forward_seconds(models_: List[torch.nn.Module], img_size: int, repeats: int) -> List[float]:
     """Interleaved (A B A B ...) timing of batch-1 inference, warm-up excluded; the median for each model."""
     x = torch.randn(1, 3, img_size, img_size)
@@ -82,7 +75,7 @@ def zoo_table(sizes: List[str], repeats: int) -> str:
             model = timm.create_model(name).eval()
             img = model.pretrained_cfg['input_size'][-1]
             params = sum(p.numel() for p in model.parameters()) / 1e6
-            macs = gmacs(model, img)
+            macs = count_gmacs(model, img)
             nfe = model.nfe
             speed = ''
             if twin is not None:

@@ -22,7 +22,11 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from .. import models  # noqa: F401  (registers the models)
 
-SETTINGS = {'discrete': ('ssog_vit', 'dense_vit'), 'looped': ('looped_ssog', 'looped_vit'), 'ode': ('ssog_ode', 'odevit')}
+SETTINGS = {
+    'discrete': ('ssog_vit', 'dense_vit'),
+    'looped': ('looped_ssog', 'looped_vit'),
+    'ode': ('ssog_ode', 'odevit'),
+}
 VARIANTS = ('ssog', 'dense', 'floor')
 WIDTHS = ('tiny', 'small', 'base')
 # timm's benchmark.py column names where they exist, then ours
@@ -121,7 +125,8 @@ def validate(settings: Sequence[str], widths: Sequence[str], resolutions: Sequen
     for r in resolutions:
         if r <= 0 or r % 16:
             raise BenchmarkConfigError(
-                f'Resolution {r} is not divisible by the patch size 16; use a multiple of 16 (e.g. {16 * max(1, r // 16)}).')
+                f'Resolution {r} is not divisible by the patch size 16; use a multiple of 16 '
+                f'(e.g. {16 * max(1, r // 16)}).')
 
 
 def is_oom(e: BaseException) -> bool:
@@ -156,8 +161,14 @@ def make_steps(model: torch.nn.Module, case: Case, device: str, dtype: torch.dty
     return infer, train
 
 
-def count_gmacs(model: torch.nn.Module, case: Case, device: str, dtype: torch.dtype) -> float:
-    x = torch.randn(1, 3, case.img_size, case.img_size, device=device, dtype=dtype)
+def count_gmacs(
+        model: torch.nn.Module,
+        img_size: int,
+        device: str = 'cpu',
+        dtype: torch.dtype = torch.float32,
+) -> float:
+    """Multiply-accumulates of one image's forward pass, in billions."""
+    x = torch.randn(1, model.in_chans, img_size, img_size, device=device, dtype=dtype)
     model.eval()
     # the math backend: the fused CPU attention kernel has no flop formula and would count as zero
     with torch.inference_mode(), sdpa_kernel(SDPBackend.MATH), FlopCounterMode(display=False) as counter:
@@ -182,7 +193,7 @@ def time_interleaved(
         try:
             model = r.case.build(device, dtype)
             r.params = sum(p.numel() for p in model.parameters())
-            r.gmacs = count_gmacs(model, r.case, device, dtype)
+            r.gmacs = count_gmacs(model, r.case.img_size, device, dtype)
             r.nfe = model.nfe
             steps.append(make_steps(model, r.case, device, dtype))
             models_.append(model)
