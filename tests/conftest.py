@@ -6,8 +6,6 @@ import tarfile
 import tempfile
 from pathlib import Path
 
-import timm
-
 TIMM_SUITE_VERSION = '1.0.31'
 SUITE_DIR = Path(__file__).parent / 'timm_suite'
 SUITE_FILE = SUITE_DIR / 'test_models.py'

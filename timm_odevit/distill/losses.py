@@ -1,6 +1,4 @@
 """The loss terms of trajectory distillation, each a plain function of tensors."""
-from typing import Optional
-
 import torch
 import torch.nn.functional as F
 

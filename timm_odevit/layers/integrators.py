@@ -10,7 +10,6 @@ ODE trunk is a point of a uniform output grid over [0, T] (T = number of layers 
 size 1 is exactly one looped block); the solver's own grid (method, steps) is independent of it and can be changed
 on a built model with ``set_solver``.
 """
-import math
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
