@@ -12,7 +12,7 @@ import logging
 import os
 import time
 from datetime import datetime
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import torch
 import torch.distributed as dist
@@ -28,6 +28,7 @@ from timm.utils import (
 from timm.utils.distributed import init_distributed_device_so
 
 import timm_odevit  # noqa: F401  (registers the student models)
+from ..data import FASHION_MNIST_MEAN, FASHION_MNIST_STD
 from .data import build_dataset
 from .task import LOSS_KEYS, TrajectoryDistillationTask
 from .times import indices_to_times
@@ -64,6 +65,8 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     g.add_argument('--teacher-checkpoint', default='', help='weights for the teacher (a checkpoint this command saved)')
     g.add_argument('--teacher-kwargs', nargs='*', default=[], metavar='K=V', help='e.g. img_size=32 patch_size=4')
     g.add_argument('--num-classes', type=int, default=10)
+    g.add_argument('--in-chans', type=int, default=3, choices=(1, 3),
+                   help='1 trains on grey images (Fashion-MNIST as it is), 3 on RGB copies (what a teacher expects)')
     g = p.add_argument_group('data')
     g.add_argument('--dataset', default='fashion_mnist',
                    help="'fashion_mnist' (built in, offline) or a timm create_dataset name ('' = image folder)")
@@ -72,6 +75,8 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     g.add_argument('--val-split', default='validation')
     g.add_argument('--train-samples', type=int, default=None, help='train on a fixed random subset of this size')
     g.add_argument('--val-samples', type=int, default=None)
+    g.add_argument('--mean', type=float, nargs='+', default=None, help="input mean (default: the model cfg's)")
+    g.add_argument('--std', type=float, nargs='+', default=None, help="input std (default: the model cfg's)")
     g.add_argument('--aug', action='store_true', help="timm's default training augmentation (the paper uses none)")
     g.add_argument('--workers', type=int, default=0)
     g = p.add_argument_group('distillation')
@@ -127,7 +132,8 @@ def _state_digest(module: torch.nn.Module) -> str:
 
 def build_task(args: argparse.Namespace, device: torch.device) -> torch.nn.Module:
     """Student, teacher and task from the command line."""
-    student = timm.create_model(args.model, num_classes=args.num_classes, **_kwargs(args.model_kwargs))
+    student = timm.create_model(args.model, num_classes=args.num_classes, in_chans=args.in_chans,
+                                **_kwargs(args.model_kwargs))
     if not args.teacher:
         return ClassificationTask(student, device=device)
     t_kwargs = _kwargs(args.teacher_kwargs)
@@ -168,6 +174,19 @@ def build_task(args: argparse.Namespace, device: torch.device) -> torch.nn.Modul
     )
 
 
+def _input_stats(args: argparse.Namespace, data_cfg: Dict[str, Any]) -> Tuple[Tuple[float, ...], Tuple[float, ...]]:
+    """Normalisation for the inputs: --mean/--std, else the model cfg's, else (grey Fashion-MNIST) the dataset's."""
+    mean = tuple(args.mean) if args.mean else tuple(data_cfg['mean'])
+    std = tuple(args.std) if args.std else tuple(data_cfg['std'])
+    if args.in_chans == 1 and args.dataset == 'fashion_mnist':
+        mean = mean if args.mean else FASHION_MNIST_MEAN
+        std = std if args.std else FASHION_MNIST_STD
+    if len(mean) != args.in_chans or len(std) != args.in_chans:
+        raise ValueError(f'--in-chans {args.in_chans} needs {args.in_chans} mean and std values, got mean {mean} and '
+                         f'std {std}: pass --mean and --std.')
+    return mean, std
+
+
 @torch.no_grad()
 def validate(model: torch.nn.Module, loader: Any, device: torch.device, distributed: bool) -> Dict[str, float]:
     """Top-1 and CE loss, summed over ranks."""
@@ -202,12 +221,15 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
     data_cfg = resolve_data_config({}, model=student)
     if hasattr(student, 'patch_embed') and getattr(student.patch_embed, 'img_size', None):
         # a model built with img_size=32 keeps its 224-px pretrained cfg: the built size is what it accepts
-        data_cfg['input_size'] = (data_cfg['input_size'][0], *student.patch_embed.img_size)
-    mean, std = data_cfg['mean'], data_cfg['std']
+        data_cfg['input_size'] = (args.in_chans, *student.patch_embed.img_size)
+    mean, std = _input_stats(args, data_cfg)
     random_seed(args.seed, rank)  # per-rank randomness from here on (dropout, augmentation)
 
-    ds_train = build_dataset(args.dataset, args.data_dir, args.train_split, args.train_samples, seed=args.seed)
-    ds_eval = build_dataset(args.dataset, args.data_dir, args.val_split, args.val_samples, seed=args.seed + 1)
+    mode = 'L' if args.in_chans == 1 else 'RGB'
+    ds_train = build_dataset(args.dataset, args.data_dir, args.train_split, args.train_samples, seed=args.seed,
+                             mode=mode)
+    ds_eval = build_dataset(args.dataset, args.data_dir, args.val_split, args.val_samples, seed=args.seed + 1,
+                            mode=mode)
     loader_args = dict(input_size=data_cfg['input_size'], mean=mean, std=std, num_workers=args.workers,
                        distributed=distributed, device=device, use_prefetcher=False, crop_pct=1.0,
                        persistent_workers=False)
@@ -231,9 +253,9 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
         min(len(loader_train), args.max_steps_per_epoch)
     scheduler, num_epochs = create_scheduler_v2(
         optimizer, sched=args.sched, num_epochs=args.epochs, warmup_epochs=args.warmup_epochs, min_lr=args.min_lr,
-        updates_per_epoch=updates_per_epoch)
+        step_on_epochs=False, updates_per_epoch=updates_per_epoch)  # lr moves every step: short runs need it
     if start_epoch > 0:
-        scheduler.step(start_epoch)
+        scheduler.step_update(num_updates=start_epoch * updates_per_epoch)
 
     output_dir, saver = None, None
     if primary:

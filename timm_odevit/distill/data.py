@@ -1,5 +1,5 @@
 """Datasets for ``python -m timm_odevit.distill``: Fashion-MNIST from the Debian package (offline), any dataset
-timm's ``create_dataset`` knows (image folders included), as 3-channel images and optionally a fixed subset."""
+timm's ``create_dataset`` knows (image folders included), as RGB or grey images and optionally a fixed subset."""
 import gzip
 import os
 import shutil
@@ -9,7 +9,7 @@ import torch
 from torch.utils.data import Dataset
 from timm.data import create_dataset
 
-__all__ = ['FASHION_MNIST_SOURCES', 'prepare_fashion_mnist', 'RgbSubset', 'build_dataset']
+__all__ = ['FASHION_MNIST_SOURCES', 'prepare_fashion_mnist', 'ImageSubset', 'build_dataset']
 
 # where Debian's dataset-fashion-mnist package puts the IDX files (gzipped)
 FASHION_MNIST_SOURCES = ('/usr/share/datasets/fashion-mnist',)
@@ -44,14 +44,19 @@ def prepare_fashion_mnist(cache_dir: str, sources: Sequence[str] = FASHION_MNIST
         'dataset-fashion-mnist` (as root), or pass --dataset and --data-dir for another dataset.')
 
 
-class RgbSubset(Dataset):
-    """A dataset as RGB PIL images, optionally a fixed subset; ``transform`` is what timm's ``create_loader`` sets.
+class ImageSubset(Dataset):
+    """A dataset as PIL images of one ``mode`` ('RGB' or 'L'), optionally a fixed subset; ``transform`` is what
+    timm's ``create_loader`` sets.
 
-    Grey datasets (Fashion-MNIST) become 3 channels so a teacher's input normalisation (3 means) applies unchanged.
+    By default grey datasets (Fashion-MNIST) become 3 channels so a teacher's input normalisation (3 means) applies
+    unchanged; mode 'L' keeps them grey for 1-channel models.
     """
 
-    def __init__(self, base: Dataset, indices: Optional[List[int]] = None) -> None:
+    def __init__(self, base: Dataset, indices: Optional[List[int]] = None, mode: str = 'RGB') -> None:
+        if mode not in ('RGB', 'L'):
+            raise ValueError(f"mode must be 'RGB' or 'L', got {mode!r}.")
         self.base = base
+        self.mode = mode
         if hasattr(base, 'transform'):
             base.transform = None  # this wrapper applies the transform after the RGB conversion
         self.indices = indices
@@ -63,7 +68,7 @@ class RgbSubset(Dataset):
     def __getitem__(self, index: int) -> Tuple[Any, Any]:
         img, target = self.base[self.indices[index] if self.indices is not None else index]
         if hasattr(img, 'convert'):
-            img = img.convert('RGB')
+            img = img.convert(self.mode)
         if self.transform is not None:
             img = self.transform(img)
         return img, int(target)
@@ -76,9 +81,11 @@ def build_dataset(
         num_samples: Optional[int] = None,
         seed: int = 0,
         cache_dir: Optional[str] = None,
-) -> RgbSubset:
+        mode: str = 'RGB',
+) -> ImageSubset:
     """``name`` 'fashion_mnist' (built in, offline), or any timm ``create_dataset`` name ('' for an image folder
-    with train/validation sub-folders, 'torch/cifar10', ...). ``num_samples`` keeps a fixed random subset."""
+    with train/validation sub-folders, 'torch/cifar10', ...). ``num_samples`` keeps a fixed random subset;
+    ``mode`` 'RGB' or 'L' (grey)."""
     if name == 'fashion_mnist':
         # --data-dir may name the Debian folder itself (read only): the torchvision layout goes to the cache
         cache = cache_dir or os.path.join(os.path.expanduser('~'), '.cache', 'timm_odevit')
@@ -92,4 +99,4 @@ def build_dataset(
         # the same subset on every rank and every run
         g = torch.Generator().manual_seed(seed)
         indices = torch.randperm(len(base), generator=g)[:num_samples].tolist()
-    return RgbSubset(base, indices)
+    return ImageSubset(base, indices, mode)

@@ -9,18 +9,25 @@ from typing import List, Optional
 from . import ORG
 
 
-def _evaluate_cmd(folder: str, data: str) -> str:
-    return f'python -m timm_odevit.hub evaluate {folder} --data {data}'
+def _evaluate_cmd(folder: str, data: str, solver: Optional[str] = None) -> str:
+    return f'python -m timm_odevit.hub evaluate {folder} --data {data}' + (f' --solver {solver}' if solver else '')
 
 
-def evaluate_folder(folder: str, data: str = 'sample') -> dict:
-    """Top-1 of the weights in ``folder`` (loaded with timm's ``local-dir:``) on the sample or the full test set."""
+def evaluate_folder(folder: str, data: str = 'sample', solver: Optional[str] = None) -> dict:
+    """Top-1 of the weights in ``folder`` (loaded with timm's ``local-dir:``) on the sample or the full test set;
+    ``solver`` ('method:steps') solves an ODE model's trunk another way than its registered default."""
     import timm
     import timm_odevit  # noqa: F401  (registers the architectures config.json names)
     from .. import data as fm
     from .recipe import evaluate
     src = {'sample': fm.SAMPLE_DIR, 'full': fm.DEBIAN_FASHION_MNIST}.get(data, data)
     model = timm.create_model(f'local-dir:{Path(folder).resolve()}', pretrained=True)
+    if solver:
+        from ..study.elasticity import parse_solver
+        if not hasattr(model.trunk, 'set_solver'):
+            raise ValueError(f'--solver needs an ODE model; {folder} holds a {type(model.trunk).__name__} trunk.')
+        method, steps = parse_solver(solver)
+        model.trunk.set_solver(method=method, steps=steps)
     return evaluate(model, str(src))
 
 
@@ -59,6 +66,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     ev = sub.add_parser('evaluate', help='top-1 of a weights folder on the bundled sample or the full test set')
     ev.add_argument('folder')
     ev.add_argument('--data', default='sample', help="'sample', 'full' or a folder of IDX files")
+    ev.add_argument('--solver', default=None, help="ODE models: 'method:steps', e.g. euler:23 or rk4:6")
 
     d = sub.add_parser('demo', help='load a pretrained model through an in-process mirror and classify the sample')
     d.add_argument('--model', default=None)
@@ -110,8 +118,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         from .server import serve
         serve(a.root, a.port, a.host, a.org, not a.no_verify, a.duration)
     elif a.cmd == 'evaluate':
-        r = evaluate_folder(a.folder, a.data)
-        print(f'{a.folder} on {a.data}: top-1 {r["top1"]:.2f}% ({r["correct"]}/{r["n"]})')
+        r = evaluate_folder(a.folder, a.data, a.solver)
+        print(f'{a.folder} on {a.data}{" with " + a.solver if a.solver else ""}: top-1 {r["top1"]:.2f}% ({r["correct"]}/{r["n"]})')
     elif a.cmd == 'demo':
         from .demo import main as demo_main
         return demo_main(model=a.model, root=a.root)

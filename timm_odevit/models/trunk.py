@@ -486,8 +486,26 @@ def checkpoint_filter_fn(state_dict: Dict[str, torch.Tensor], model: DepthVision
     return out
 
 
+def _published_tag(variant: str) -> Optional[str]:
+    """The first tag of ``variant`` with published weights, when its untagged default has none."""
+    from timm.models import get_pretrained_cfg, list_pretrained
+    default = get_pretrained_cfg(variant)
+    if default is not None and (default.hf_hub_id or default.url or default.file):
+        return None
+    tagged = list_pretrained(f'{variant}.*')
+    return tagged[0].split('.', 1)[1] if tagged else None
+
+
 def create_depth_vit(variant: str, pretrained: bool = False, **kwargs: Any) -> DepthVisionTransformer:
-    """Build a registered variant through timm's builder (pretrained loading, features_only, cfg plumbing)."""
+    """Build a registered variant through timm's builder (pretrained loading, features_only, cfg plumbing).
+
+    Our untagged cfgs stay the architecture's defaults (3 channels, 1000 classes; models.pretrained), so
+    ``pretrained=True`` without a tag loads the variant's first published tag instead of failing for want of weights.
+    """
+    if pretrained and kwargs.get('pretrained_cfg') is None:
+        tag = _published_tag(variant)
+        if tag is not None:
+            kwargs['pretrained_cfg'] = tag
     out_indices = kwargs.pop('out_indices', 3)
     return build_model_with_cfg(
         DepthVisionTransformer,

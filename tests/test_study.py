@@ -1,0 +1,150 @@
+"""The matched study end to end on a tiny budget: runs (resume, locks, recipe guard), report, elasticity, export;
+the train.py YAML recipes (committed files current, every key a train.py option, every model builds)."""
+import csv
+import json
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+import timm
+import timm_odevit  # noqa: F401
+from timm_odevit import data as fm
+from timm_odevit.hub.recipe import evaluate
+from timm_odevit.models.pretrained import FMNIST_CFG
+from timm_odevit.study import SETTINGS, StudyRecipe, run_study, study_runs
+from timm_odevit.study.elasticity import parse_solver, write_elasticity
+from timm_odevit.study.export import best_runs, export_run
+from timm_odevit.study.recipes import FAMILIES, write_recipes
+from timm_odevit.study.report import write_report
+from timm_odevit.study.runs import _claim, is_done, run_dir
+
+REPO = Path(__file__).resolve().parent.parent
+TINY = StudyRecipe(train_samples=48, val_samples=32, epochs=2, batch_size=16)
+
+
+def test_study_runs_are_matched_pairs_seed_major():
+    runs = study_runs((0, 1))
+    assert len(runs) == 12 and [r.seed for r in runs] == [0] * 6 + [1] * 6
+    for setting, (dense, ssog, kwargs) in SETTINGS.items():
+        pair = [r for r in runs[:6] if r.setting == setting]
+        assert [r.arch for r in pair] == [dense, ssog] and all(r.model_kwargs == kwargs for r in pair)
+    # the ODE setting is not the looped trunk again: it is solved on a finer grid
+    assert any(kv.startswith('ode_steps=') for kv in SETTINGS['ode'][2])
+    with pytest.raises(ValueError, match='Unknown setting'):
+        study_runs((0,), ['recurrent'])
+
+
+@pytest.fixture(scope='module')
+def idx_folder(tmp_path_factory):
+    """Fashion-MNIST IDX files with a train split: the bundled sample's images serve as both splits."""
+    d = tmp_path_factory.mktemp('fmnist')
+    for split in ('train', 't10k'):
+        for kind in ('images-idx3-ubyte', 'labels-idx1-ubyte'):
+            shutil.copy(fm.SAMPLE_DIR / f't10k-{kind}.gz', d / f'{split}-{kind}.gz')
+    return d
+
+
+@pytest.fixture(scope='module')
+def study(idx_folder, tmp_path_factory):
+    """The ODE pair trained for 2 epochs on 48 images (one subprocess each, as the real study runs)."""
+    root = tmp_path_factory.mktemp('study')
+    home = tmp_path_factory.mktemp('home')  # the dataset cache lives under $HOME/.cache
+    old = os.environ.get('HOME')
+    os.environ['HOME'] = str(home)
+    try:
+        runs = study_runs((0,), ['ode'])
+        statuses = [s for _, s in run_study(root, runs, TINY, data_dir=str(idx_folder))]
+    finally:
+        os.environ['HOME'] = old or ''
+    return root, runs, statuses
+
+
+def test_runs_train_log_and_resume(study):
+    root, runs, statuses = study
+    assert statuses == ['trained', 'trained']
+    for run in runs:
+        d = run_dir(root, run)
+        with open(d / 'summary.csv') as f:
+            assert [int(r['epoch']) for r in csv.DictReader(f)] == [0, 1]
+        args = vars(torch.load(d / 'last.pth.tar', map_location='cpu', weights_only=False)['args'])
+        assert args['model_kwargs'] == ['ode_steps=23'] and args['in_chans'] == 1
+    # a second pass trains nothing: every run is done
+    assert [s for _, s in run_study(root, runs, TINY)] == ['already done', 'already done']
+
+
+def test_locks_and_recipe_guard(study, tmp_path):
+    root, runs, _ = study
+    with pytest.raises(ValueError, match='another --out-dir'):
+        next(run_study(root, runs, StudyRecipe(train_samples=99)))
+    fresh = tmp_path / 'other'
+    assert _claim(fresh, runs[0])          # this process holds it now
+    assert not _claim(fresh, runs[0])      # a second runner skips it
+    (fresh / 'runs' / f'{runs[1].name}.lock').write_text('999999999')  # a dead runner's lock
+    assert _claim(fresh, runs[1])
+    assert not is_done(fresh, runs[0])
+
+
+def test_report_table_and_curves(study):
+    root, runs, _ = study
+    table = write_report(root)
+    rows = list(csv.DictReader(open(root / 'results.csv')))
+    top1 = {r['arch']: float(r['val_top1']) for r in rows}
+    final = {run.arch: json.loads((run_dir(root, run) / 'results.json').read_text())['top1'] for run in runs}
+    assert top1 == pytest.approx({k: round(v, 2) for k, v in final.items()})
+    dense, ssog, _ = SETTINGS['ode']
+    gain = top1[ssog] - top1[dense]
+    assert f'{gain:.2f} ± 0.00' in table and '+2.2 to +4.1' in table
+    assert (root / 'curves.png').stat().st_size > 10_000
+
+
+def test_elasticity_grid_and_nfe(study):
+    root, _, _ = study
+    table = write_elasticity(root, ['euler:3', 'euler:23', 'rk4:3'], test_samples=64)
+    rows = list(csv.DictReader(open(root / 'elasticity.csv')))
+    assert {(r['method'], int(r['steps']), int(r['nfe'])) for r in rows} == {('euler', 3, 3), ('euler', 23, 23),
+                                                                            ('rk4', 3, 12)}
+    assert '| NFE | | 3 | 23 | 12 |' in table and (root / 'elasticity.png').is_file()
+    with pytest.raises(ValueError, match='method:steps'):
+        parse_solver('euler')
+
+
+def test_export_card_carries_measured_top1(study, tmp_path):
+    root, runs, _ = study
+    best = best_runs(root)
+    assert set(best) == {r.arch for r in runs}
+    arch = SETTINGS['ode'][1]
+    out = export_run(best[arch], 'test', FMNIST_CFG, str(tmp_path), 'a test export', full_test=False)
+    repo = tmp_path / f'{arch}.test'
+    model = timm.create_model(f'local-dir:{repo}', pretrained=True)
+    r = evaluate(model, str(fm.SAMPLE_DIR))
+    card = (repo / 'README.md').read_text()
+    assert out['Fashion-MNIST sample (1,000 test images, bundled)'] == r['top1']
+    assert f'top-1 {r["top1"]:.2f}% ({r["correct"]}/1000)' in card
+    assert 'ode_steps=23' in card and '--solver euler:23' in card
+
+
+def test_committed_recipes_are_current(tmp_path):
+    written = write_recipes(tmp_path)
+    assert len(written) == 2 * len(FAMILIES) == 12
+    for path in written:
+        committed = REPO / 'examples' / path.name
+        assert committed.is_file(), f'{committed} missing: run python -m timm_odevit.study recipes'
+        assert committed.read_text() == path.read_text(), f'{committed} is stale: python -m timm_odevit.study recipes'
+
+
+@pytest.mark.parametrize('name', sorted(p.name for p in (REPO / 'examples').glob('*.yaml')))
+def test_recipe_keys_are_train_py_options_and_model_builds(name):
+    dests = set((REPO / 'tests' / 'data' / 'timm_train_py_dests.txt').read_text().split())
+    cfg = yaml.safe_load((REPO / 'examples' / name).read_text())
+    assert set(cfg) <= dests, set(cfg) - dests
+    assert len(cfg['mean']) == len(cfg['std']) == cfg.get('in_chans', 3)
+    model = timm.create_model(cfg['model'], num_classes=cfg['num_classes'], in_chans=cfg.get('in_chans', 3),
+                              img_size=cfg['img_size'], **cfg.get('model_kwargs', {}))
+    if cfg['img_size'] <= 32:  # the 224-px models are covered by timm's own test suite
+        with torch.no_grad():
+            out = model(torch.randn(2, cfg.get('in_chans', 3), cfg['img_size'], cfg['img_size']))
+        assert out.shape == (2, cfg['num_classes'])

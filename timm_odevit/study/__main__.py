@@ -1,0 +1,100 @@
+"""``python -m timm_odevit.study``: run the matched Fashion-MNIST study, report it, measure step elasticity.
+
+    python -m timm_odevit.study run                # resumable; start one per core to share the runs
+    python -m timm_odevit.study report             # results.md / results.csv / curves.png
+    python -m timm_odevit.study elasticity         # ODE models under other solvers and step counts
+    python -m timm_odevit.study export             # best run of each family -> weights/<arch>.fmnist
+    python -m timm_odevit.study recipes            # timm train.py YAML recipes -> examples/
+"""
+import argparse
+import logging
+import sys
+from dataclasses import asdict, fields
+from pathlib import Path
+from typing import List, Optional
+
+from .runs import SETTINGS, StudyRecipe, run_study, study_runs
+
+DEFAULT_OUT = 'results/fmnist_study'
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    p = argparse.ArgumentParser(prog='python -m timm_odevit.study', description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest='cmd', required=True)
+    r = sub.add_parser('run', help='train every run of the study that is not done yet')
+    r.add_argument('--out-dir', default=DEFAULT_OUT)
+    r.add_argument('--seeds', type=int, nargs='+', default=[0, 1])
+    r.add_argument('--settings', nargs='+', default=list(SETTINGS), choices=list(SETTINGS))
+    r.add_argument('--threads', type=int, default=1, help='threads per training process')
+    r.add_argument('--data-dir', default=None, help="Fashion-MNIST IDX files (default: Debian's package)")
+    for f in fields(StudyRecipe):
+        r.add_argument(f'--{f.name.replace("_", "-")}', type=f.type if callable(f.type) else type(f.default),
+                       default=f.default)
+    rep = sub.add_parser('report', help='results table (mean and spread over seeds), CSV and curves')
+    rep.add_argument('--out-dir', default=DEFAULT_OUT)
+    el = sub.add_parser('elasticity', help='top-1 of the trained ODE models under other solvers and step counts')
+    el.add_argument('--out-dir', default=DEFAULT_OUT)
+    el.add_argument('--test-samples', type=int, default=2000, help='first n Fashion-MNIST test images')
+    el.add_argument('--solvers', nargs='+', default=['euler:3', 'euler:6', 'euler:12', 'euler:23', 'euler:24',
+                                                     'rk4:3', 'rk4:6'], help='method:steps')
+    ex = sub.add_parser('export', help='export the best run of each family (or --run) to weights/<arch>.<tag>')
+    ex.add_argument('--out-dir', default=DEFAULT_OUT)
+    ex.add_argument('--run', default=None, help='one run folder of `python -m timm_odevit.distill` instead')
+    ex.add_argument('--tag', default=None, help="default: 'fmnist' (study runs); required with --run")
+    ex.add_argument('--img-size', type=int, default=32, help='input size of the exported cfg (with --run)')
+    ex.add_argument('--description', default=None, help='model card description (with --run)')
+    ex.add_argument('--archs', nargs='+', default=None, help='only these architectures')
+    ex.add_argument('--root', default='weights')
+    ex.add_argument('--no-full', action='store_true', help='skip the full Fashion-MNIST test set')
+    rc = sub.add_parser('recipes', help="write timm train.py YAML recipes (fmnist 32 px, CIFAR-100 224 px)")
+    rc.add_argument('--out-dir', default='examples')
+    a = p.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format='%(asctime)s %(message)s')
+
+    if a.cmd == 'run':
+        recipe = StudyRecipe(**{f.name: getattr(a, f.name) for f in fields(StudyRecipe)})
+        runs = study_runs(a.seeds, a.settings)
+        logging.info('study in %s: %d runs, recipe %s', a.out_dir, len(runs), asdict(recipe))
+        failed = 0
+        for i, (run, status) in enumerate(run_study(Path(a.out_dir), runs, recipe, a.threads, a.data_dir)):
+            logging.info('[%d/%d] %s: %s', i + 1, len(runs), run.name, status)
+            failed += status == 'failed'
+        return 1 if failed else 0
+    if a.cmd == 'report':
+        from .report import write_report
+        print(write_report(Path(a.out_dir)))
+        return 0
+    if a.cmd == 'elasticity':
+        from .elasticity import write_elasticity
+        print(write_elasticity(Path(a.out_dir), a.solvers, a.test_samples))
+        return 0
+    if a.cmd == 'export':
+        import json
+        from ..models.pretrained import FMNIST_CFG, FMNIST_TAG
+        from .export import best_runs, export_run
+        if a.run:
+            if not a.tag:
+                p.error('--run needs --tag (name it after what the weights are, e.g. fmnist_64px)')
+            cfg = dict(FMNIST_CFG, input_size=(1, a.img_size, a.img_size))
+            print(json.dumps(export_run(Path(a.run), a.tag, cfg, a.root, a.description, not a.no_full)))
+            return 0
+        runs = best_runs(Path(a.out_dir))
+        if not runs:
+            p.error(f'no finished runs under {a.out_dir}/runs')
+        for arch, run_path in runs.items():
+            if a.archs is None or arch in a.archs:
+                desc = (f'`{arch}` trained from scratch on Fashion-MNIST at 32 px on a CPU: the best seed of the '
+                        'matched study (results/fmnist_study), whose recipe trades data and epochs for CPU time.')
+                print(json.dumps(export_run(run_path, a.tag or FMNIST_TAG, FMNIST_CFG, a.root, desc,
+                                            not a.no_full)))
+        return 0
+    if a.cmd == 'recipes':
+        from .recipes import write_recipes
+        print('\n'.join(str(p) for p in write_recipes(Path(a.out_dir))))
+        return 0
+    return 2
+
+
+if __name__ == '__main__':
+    sys.exit(main())
