@@ -148,3 +148,24 @@ def test_recipe_keys_are_train_py_options_and_model_builds(name):
         with torch.no_grad():
             out = model(torch.randn(2, cfg.get('in_chans', 3), cfg['img_size'], cfg['img_size']))
         assert out.shape == (2, cfg['num_classes'])
+
+
+def test_recipe_chain_is_recorded_and_carded(idx_folder, tmp_path):
+    """A second recipe stage starts from the first one's weights; the card names both stages and their commands."""
+    from timm_odevit.hub.export import model_card, model_from_checkpoint
+    from timm_odevit.hub.recipe import Recipe, train_to_checkpoint
+    arch = 'looped_ssog_tiny_patch4_32'
+    first = train_to_checkpoint(arch, Recipe(n_train=32, epochs=1, batch_size=16), str(tmp_path / 'a.pth'),
+                                str(idx_folder))
+    second = train_to_checkpoint(arch, Recipe(n_train=32, epochs=1, batch_size=16, lr=1e-4,
+                                              init_checkpoint=str(first)), str(tmp_path / 'b.pth'), str(idx_folder))
+    a = model_from_checkpoint(str(first))
+    ckpt = torch.load(second, map_location='cpu', weights_only=True)
+    assert [s['lr'] for s in ckpt['recipe']['stages']] == [2e-3, 1e-4]
+    card = model_card(arch, 'test', model_from_checkpoint(str(second)), {}, ckpt['recipe'])
+    lines = card['details']['Training recipe']
+    assert f'--init-checkpoint {first}' in lines['stage 2 of 2, command'] and 'stage 1 of 2, data' in lines
+    with pytest.raises(ValueError, match='not'):
+        train_to_checkpoint('odevit_tiny_patch4_32', Recipe(n_train=32, epochs=1, init_checkpoint=str(first)),
+                            str(tmp_path / 'c.pth'), str(idx_folder))
+    assert not torch.equal(a.state_dict()['head.weight'], ckpt['state_dict']['head.weight'])

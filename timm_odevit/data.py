@@ -24,7 +24,7 @@ from torch import nn
 __all__ = [
     'DEBIAN_FASHION_MNIST', 'FASHION_MNIST_CLASSES', 'FASHION_MNIST_MEAN', 'FASHION_MNIST_STD', 'IDX_FILES',
     'SAMPLE_DIR', 'GreyToChannels', 'fashion_mnist_dataset', 'fashion_mnist_transform', 'layout_fashion_mnist',
-    'load_tensors', 'make_sample', 'find_source',
+    'load_tensors', 'make_sample', 'find_source', 'split_size',
 ]
 
 _logger = logging.getLogger(__name__)
@@ -164,6 +164,20 @@ def fashion_mnist_dataset(
     return FashionMNIST(str(root), train=split == 'train', transform=transform, download=False)
 
 
+def _laid_out_dataset(src: Optional[PathLike], split: str, cache_root: Optional[PathLike] = None,
+                      transform: Optional[Callable] = None) -> Any:
+    src = Path(src) if src is not None else find_source()
+    if cache_root is None:
+        cache_root = Path(os.environ.get('XDG_CACHE_HOME', Path.home() / '.cache')) / 'timm_odevit' / 'fashion_mnist'
+        cache_root = cache_root / src.resolve().name
+    return fashion_mnist_dataset(layout_fashion_mnist(src, cache_root), split, transform=transform)
+
+
+def split_size(src: Optional[PathLike] = None, split: str = 'train') -> int:
+    """How many images a split of ``src`` (default: Debian's package, else the sample) holds."""
+    return len(_laid_out_dataset(src, split))
+
+
 def load_tensors(
         src: Optional[PathLike] = None,
         split: str = 'test',
@@ -184,12 +198,7 @@ def load_tensors(
         indices: Keep these images only (in this order); overrides ``limit``.
         **data_args: Overrides for resolve_data_config (e.g. input_size, mean, std).
     """
-    src = Path(src) if src is not None else find_source()
-    if cache_root is None:
-        cache_root = Path(os.environ.get('XDG_CACHE_HOME', Path.home() / '.cache')) / 'timm_odevit' / 'fashion_mnist'
-        cache_root = cache_root / src.resolve().name
-    root = layout_fashion_mnist(src, cache_root)
-    ds = fashion_mnist_dataset(root, split, transform=fashion_mnist_transform(model, **data_args))
+    ds = _laid_out_dataset(src, split, cache_root, transform=fashion_mnist_transform(model, **data_args))
     if indices is None:
         indices = range(len(ds) if limit is None else min(limit, len(ds)))
     if len(indices) == 0:

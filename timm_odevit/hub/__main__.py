@@ -1,4 +1,4 @@
-"""``python -m timm_odevit.hub``: export, manifest, verify, push, serve, evaluate, demo."""
+"""``python -m timm_odevit.hub``: export, manifest, verify, push, serve, evaluate, table, demo."""
 import argparse
 import json
 import logging
@@ -68,6 +68,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     ev.add_argument('--data', default='sample', help="'sample', 'full' or a folder of IDX files")
     ev.add_argument('--solver', default=None, help="ODE models: 'method:steps', e.g. euler:23 or rk4:6")
 
+    t = sub.add_parser('table', help="the README's Markdown table of published weights, from the model cards")
+    t.add_argument('--root', default='weights')
+
     d = sub.add_parser('demo', help='load a pretrained model through an in-process mirror and classify the sample')
     d.add_argument('--model', default=None)
     d.add_argument('--root', default=None)
@@ -120,6 +123,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     elif a.cmd == 'evaluate':
         r = evaluate_folder(a.folder, a.data, a.solver)
         print(f'{a.folder} on {a.data}{" with " + a.solver if a.solver else ""}: top-1 {r["top1"]:.2f}% ({r["correct"]}/{r["n"]})')
+    elif a.cmd == 'table':
+        from .table import weights_table
+        print(weights_table(Path(a.root)), end='')
     elif a.cmd == 'demo':
         from .demo import main as demo_main
         return demo_main(model=a.model, root=a.root)

@@ -63,6 +63,24 @@ def model_from_checkpoint(
     return model
 
 
+def _recipe_lines(arch: str, recipe: Dict[str, Any], cfg: Dict[str, Any]) -> Dict[str, str]:
+    """One run of ``hub.recipe`` as card lines: data, schedule, the command that reruns it."""
+    size = cfg['input_size']
+    init = recipe.get('init_checkpoint')
+    return {
+        'data': f'{recipe["n_train"]} training images (first n of a permutation seeded {recipe["seed"]}), '
+                f'resized 28 -> {size[-1]} px bicubic, normalised mean {cfg["mean"]} / std {cfg["std"]}, '
+                'no augmentation',
+        'schedule': f'{recipe["epochs"]} epochs, batch {recipe["batch_size"]}, AdamW lr {recipe["lr"]} '
+                    f'weight decay {recipe["weight_decay"]}, warm-up {recipe["warmup_frac"]:.0%} then cosine, '
+                    f'grad clip {recipe["clip_grad"]}, fp32, CPU ({recipe["threads"]} thread)'
+                    + (', starting from the previous stage\'s weights' if init else ''),
+        'command': f'`OMP_NUM_THREADS=1 python -m timm_odevit.hub.recipe {arch} --n-train {recipe["n_train"]} '
+                   f'--epochs {recipe["epochs"]} --lr {recipe["lr"]} --seed {recipe["seed"]}'
+                   + (f' --init-checkpoint {init}' if init else '') + '`',
+    }
+
+
 def model_card(
         arch: str,
         tag: str,
@@ -73,7 +91,8 @@ def model_card(
 ) -> Dict[str, Any]:
     """The card as timm's generate_readme takes it (what, data, recipe, top-1 with its command, size, usage).
 
-    ``recipe`` is our CPU recipe's dict (``hub.recipe.Recipe``), or a dict of already rendered lines.
+    ``recipe`` is our CPU recipe's dict (``hub.recipe.Recipe``; with ``'stages'``, every run of a chain that
+    continued from the one before), or a dict of already rendered lines.
     """
     from ..benchmark.runner import count_gmacs
     size = model.pretrained_cfg['input_size']
@@ -91,16 +110,12 @@ def model_card(
     if recipe and 'n_train' not in recipe:
         details['Training recipe'] = dict(recipe)  # already rendered (the study's runs)
     elif recipe:
-        details['Training recipe'] = {
-            'data': f'{recipe["n_train"]} training images (first n of a permutation seeded {recipe["seed"]}), '
-                    f'resized 28 -> {size[-1]} px bicubic, normalised mean {model.pretrained_cfg["mean"]} / std '
-                    f'{model.pretrained_cfg["std"]}, no augmentation',
-            'schedule': f'{recipe["epochs"]} epochs, batch {recipe["batch_size"]}, AdamW lr {recipe["lr"]} '
-                        f'weight decay {recipe["weight_decay"]}, warm-up {recipe["warmup_frac"]:.0%} then cosine, '
-                        f'grad clip {recipe["clip_grad"]}, fp32, CPU ({recipe["threads"]} thread)',
-            'command': f'`OMP_NUM_THREADS=1 python -m timm_odevit.hub.recipe {arch} --n-train {recipe["n_train"]} '
-                       f'--epochs {recipe["epochs"]} --lr {recipe["lr"]} --seed {recipe["seed"]}`',
-        }
+        stages = recipe.get('stages') or [recipe]
+        lines: Dict[str, str] = {}
+        for i, stage in enumerate(stages):
+            prefix = f'stage {i + 1} of {len(stages)}, ' if len(stages) > 1 else ''
+            lines.update({prefix + k: v for k, v in _recipe_lines(arch, stage, model.pretrained_cfg).items()})
+        details['Training recipe'] = lines
     results = {}
     for name, m in metrics.items():
         results[name] = (f'top-1 {m["top1"]:.2f}% ({m["correct"]}/{m["n"]}), reproduce with '

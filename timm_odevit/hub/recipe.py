@@ -1,6 +1,7 @@
-"""The CPU recipe behind the first published weights: tiny 32 px models on a Fashion-MNIST subset.
+"""The CPU recipe behind the published discrete SSoG weights: tiny 32 px models on (a subset of) Fashion-MNIST.
 
-One fixed, seeded recipe, so that a weight's model card can state it and anyone can rerun it:
+One fixed, seeded recipe, so that a weight's model card can state it and anyone can rerun it (``init_checkpoint``
+continues from an earlier run's weights with a fresh schedule; the checkpoint records every stage of the chain):
 1-channel 32 px input (Fashion-MNIST resized with timm's eval transform, bicubic, crop_pct 1.0, normalised with the
 training-set mean/std), ``n_train`` training images drawn with ``seed``, batch 128, AdamW (timm's
 create_optimizer_v2, lr 2e-3, weight decay 0.05, no decay on norms/biases/tokens), linear warm-up over the first 10%
@@ -43,6 +44,7 @@ class Recipe:
     clip_grad: float = 1.0
     seed: int = 0
     threads: int = 1
+    init_checkpoint: str = ''  # continue from the weights of an earlier run of this recipe (a fresh schedule)
 
 
 def build_for_fmnist(arch: str, **kwargs: Any) -> nn.Module:
@@ -63,9 +65,17 @@ def train(
     torch.set_num_threads(recipe.threads)
     torch.manual_seed(recipe.seed)
     model = build_for_fmnist(arch)
+    if recipe.init_checkpoint:
+        ckpt = torch.load(recipe.init_checkpoint, map_location='cpu', weights_only=True)
+        if ckpt.get('arch') != arch:
+            raise ValueError(f'{recipe.init_checkpoint} holds {ckpt.get("arch")!r} weights, not {arch!r}.')
+        model.load_state_dict(ckpt['state_dict'])
     g = torch.Generator().manual_seed(recipe.seed)
-    # the subset: the first n_train of a seeded permutation of the 60,000 training images
-    idx = torch.randperm(FMNIST_TRAIN_SIZE, generator=g)[:recipe.n_train]
+    # the subset: the first n_train of a seeded permutation of the 60,000 training images (of the images there are,
+    # for a smaller IDX folder: the published weights used the full set, so their subsets are unchanged)
+    n_avail = fm.split_size(src, 'train')
+    idx = torch.randperm(FMNIST_TRAIN_SIZE, generator=g)
+    idx = idx[idx < n_avail][:recipe.n_train]
     x, y = fm.load_tensors(src, 'train', model=model, indices=idx.tolist())
     steps_per_epoch = math.ceil(len(x) / recipe.batch_size)
     total = steps_per_epoch * recipe.epochs
@@ -116,8 +126,12 @@ def train_to_checkpoint(arch: str, recipe: Recipe, out: str, src: Optional[str] 
     model, log = train(arch, recipe, src)
     path = Path(out)
     path.parent.mkdir(parents=True, exist_ok=True)
-    torch.save({'arch': arch, 'state_dict': model.state_dict(), 'recipe': asdict(recipe), 'log': log,
-                'pretrained_cfg': FMNIST_PRETRAINED_CFG}, path)
+    stages = [asdict(recipe)]
+    if recipe.init_checkpoint:
+        prev = torch.load(recipe.init_checkpoint, map_location='cpu', weights_only=True)
+        stages = (prev['recipe'].get('stages') or [prev['recipe']]) + stages
+    torch.save({'arch': arch, 'state_dict': model.state_dict(), 'recipe': dict(asdict(recipe), stages=stages),
+                'log': log, 'pretrained_cfg': FMNIST_PRETRAINED_CFG}, path)
     _logger.info('%s trained in %.0f s (%.1f img/s) -> %s', arch, log['train_seconds'], log['images_per_second'], path)
     return path
 

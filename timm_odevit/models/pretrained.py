@@ -26,9 +26,10 @@ FMNIST_CFG: Dict[str, Any] = dict(
 )
 
 
-def fmnist_cfg(arch: str) -> Dict[str, Any]:
-    """depth_vit_cfg overrides for ``<arch>.fmnist``: where the weights live and what they expect."""
-    return dict(hf_hub_id=hub_id(arch, FMNIST_TAG), **FMNIST_CFG)
+def fmnist_cfg(arch: str, tag: str = FMNIST_TAG, img_size: int = 32) -> Dict[str, Any]:
+    """depth_vit_cfg overrides for ``<arch>.<tag>``: where the weights live and what they expect (grey images at
+    ``img_size``; a 224-px architecture trained at a smaller size names that size in its tag)."""
+    return dict(FMNIST_CFG, hf_hub_id=hub_id(arch, tag), input_size=(1, img_size, img_size))
 
 
 def keep_untagged_default(default_cfgs: Dict[str, Any]) -> Dict[str, Any]:
