@@ -169,3 +169,15 @@ def test_recipe_chain_is_recorded_and_carded(idx_folder, tmp_path):
         train_to_checkpoint('odevit_tiny_patch4_32', Recipe(n_train=32, epochs=1, init_checkpoint=str(first)),
                             str(tmp_path / 'c.pth'), str(idx_folder))
     assert not torch.equal(a.state_dict()['head.weight'], ckpt['state_dict']['head.weight'])
+
+
+def test_training_command_input_stats():
+    """Grey Fashion-MNIST uses its own statistics; a 1-channel run on another dataset must say its mean and std."""
+    from timm_odevit.distill.__main__ import _input_stats, parse_args
+    cfg = {'mean': (0.485, 0.456, 0.406), 'std': (0.229, 0.224, 0.225)}
+    assert _input_stats(parse_args(['--in-chans', '1']), cfg) == (fm.FASHION_MNIST_MEAN, fm.FASHION_MNIST_STD)
+    assert _input_stats(parse_args([]), cfg) == (cfg['mean'], cfg['std'])
+    with pytest.raises(ValueError, match='pass --mean and --std'):
+        _input_stats(parse_args(['--in-chans', '1', '--dataset', '']), cfg)
+    assert _input_stats(parse_args(['--in-chans', '1', '--dataset', '', '--mean', '0.5', '--std', '0.2']), cfg) == \
+        ((0.5,), (0.2,))

@@ -58,7 +58,7 @@ class ImageSubset(Dataset):
         self.base = base
         self.mode = mode
         if hasattr(base, 'transform'):
-            base.transform = None  # this wrapper applies the transform after the RGB conversion
+            base.transform = None  # this wrapper applies the transform after the mode conversion
         self.indices = indices
         self.transform: Optional[Callable] = None
 
