@@ -164,7 +164,8 @@ def test_recipe_chain_is_recorded_and_carded(idx_folder, tmp_path):
     assert [s['lr'] for s in ckpt['recipe']['stages']] == [2e-3, 1e-4]
     card = model_card(arch, 'test', model_from_checkpoint(str(second)), {}, ckpt['recipe'])
     lines = card['details']['Training recipe']
-    assert f'--init-checkpoint {first}' in lines['stage 2 of 2, command'] and 'stage 1 of 2, data' in lines
+    assert '--init-checkpoint' in lines['stage 2 of 2, command'] and '--lr 0.0001' in lines['stage 2 of 2, command']
+    assert '--init-checkpoint' not in lines['stage 1 of 2, command'] and 'stage 1 of 2, data' in lines
     with pytest.raises(ValueError, match='not'):
         train_to_checkpoint('odevit_tiny_patch4_32', Recipe(n_train=32, epochs=1, init_checkpoint=str(first)),
                             str(tmp_path / 'c.pth'), str(idx_folder))

@@ -77,7 +77,7 @@ def _recipe_lines(arch: str, recipe: Dict[str, Any], cfg: Dict[str, Any]) -> Dic
                     + (', starting from the previous stage\'s weights' if init else ''),
         'command': f'`OMP_NUM_THREADS=1 python -m timm_odevit.hub.recipe {arch} --n-train {recipe["n_train"]} '
                    f'--epochs {recipe["epochs"]} --lr {recipe["lr"]} --seed {recipe["seed"]}'
-                   + (f' --init-checkpoint {init}' if init else '') + '`',
+                   + (' --init-checkpoint <the previous stage\'s .pth>' if init else '') + '`',
     }
 
 
