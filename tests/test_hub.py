@@ -87,7 +87,8 @@ def test_weights_folder_is_complete_and_matches_manifest():
 
 
 def test_tag_registered_exactly_when_weights_exist():
-    published = {n for n in timm.list_pretrained() if n.endswith(f'.{FMNIST_TAG}')}
+    ours = set(timm.list_models(module=['odevit', 'ssog']))
+    published = {n for n in timm.list_pretrained() if n.split('.')[0] in ours}
     assert published == set(REPOS)
     for name in published:
         cfg = timm.models.get_pretrained_cfg(name)
@@ -200,17 +201,58 @@ def test_missing_repo_and_file_raise_hub_errors(mirror, tmp_path):
                                                                                     'EntryNotFoundError'], out
 
 
-@pytest.mark.parametrize('repo', REPOS)
-def test_card_top1_reproduces_on_sample(repo):
+_EVAL_CLIENT = """
+import json, sys, timm, timm_odevit
+from timm_odevit import data as fm
+from timm_odevit.hub.recipe import evaluate
+model = timm.create_model(sys.argv[1], pretrained=True)
+r = evaluate(model, str(fm.SAMPLE_DIR))
+print(json.dumps({'correct': r['correct'], 'n': r['n'], 'tag': model.pretrained_cfg.get('tag'),
+                  'input_size': list(model.pretrained_cfg['input_size'])}))
+"""
+
+
+def _card_sample_top1(repo: str) -> Tuple[int, int]:
     card = (WEIGHTS / repo / 'README.md').read_text()
     m = re.search(r'sample \(1,000 test images, bundled\): top-1 ([\d.]+)% \((\d+)/(\d+)\)', card)
-    assert m, 'model card lacks the sample top-1'
-    model = timm.create_model(f'local-dir:{WEIGHTS / repo}', pretrained=True)
-    r = evaluate(model, str(fm.SAMPLE_DIR))
-    assert (r['correct'], r['n']) == (int(m.group(2)), int(m.group(3)))
+    assert m, f'{repo}: model card lacks the sample top-1'
     for needed in ('Params (M)', 'GMACs', 'License', 'Training recipe', 'python -m timm_odevit.hub evaluate',
                    'Fashion-MNIST test set (10,000 images)', 'pretrained=True'):
         assert needed in card, needed
+    return int(m.group(2)), int(m.group(3))
+
+
+def _eval_through_mirror(mirror, name: str, hf_home: Path) -> Dict:
+    out = subprocess.run([sys.executable, '-c', _EVAL_CLIENT, name], env=hub_env(mirror.url, str(hf_home)),
+                         capture_output=True, text=True, timeout=600, cwd=str(hf_home))
+    assert out.returncode == 0, out.stderr[-3000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_readme_table_lists_every_published_weight_as_its_card_says():
+    from timm_odevit.hub.table import weights_table
+    table = weights_table(WEIGHTS)
+    assert len(table.splitlines()) == 2 + len(REPOS)
+    assert table in (REPO_ROOT / 'README.md').read_text(), 'README table stale: python -m timm_odevit.hub table'
+
+
+@pytest.mark.parametrize('repo', REPOS)
+def test_card_top1_reproduces_through_mirror(repo, mirror, tmp_path):
+    """Each published weight, downloaded from the mirror by name, scores on the sample what its card says."""
+    correct, n = _card_sample_top1(repo)
+    r = _eval_through_mirror(mirror, repo, tmp_path)
+    assert (r['correct'], r['n']) == (correct, n)
+    assert r['tag'] == repo.split('.', 1)[1]
+
+
+def test_untagged_name_with_pretrained_loads_the_published_tag(mirror, tmp_path):
+    """create_model('ssog_ode_small', pretrained=True) works: the only published tag of that arch is loaded."""
+    repo = next(r for r in REPOS if r.split('.')[0] == 'ssog_ode_small')
+    r = _eval_through_mirror(mirror, 'ssog_ode_small', tmp_path)
+    assert r['tag'] == repo.split('.', 1)[1]
+    assert (r['correct'], r['n']) == _card_sample_top1(repo)
+    plain = timm.create_model('ssog_ode_small')  # without pretrained: still the architecture's 224-px default
+    assert (plain.num_classes, plain.in_chans) == (1000, 3)
 
 
 # ---- bad input: each refused with the file named and the fix, nothing broken left in the client cache ----

@@ -9,8 +9,9 @@ from timm.models import generate_default_cfgs, register_model
 from .pretrained import fmnist_cfg, keep_untagged_default
 from .trunk import SMALL_IMAGE_ARGS, SMALL_IMAGE_CFG, WIDTHS, DepthVisionTransformer, create_depth_vit, depth_vit_cfg
 
-# '<arch>.fmnist': published Fashion-MNIST weights (weights/<arch>.fmnist/, models/pretrained.py); the untagged
-# cfg stays the default (keep_untagged_default), so plain names keep 3 channels and 1000 classes
+# '<arch>.<tag>': published Fashion-MNIST weights (weights/<arch>.<tag>/, models/pretrained.py); the untagged
+# cfg stays the default (keep_untagged_default), so plain names keep 3 channels and 1000 classes, and
+# pretrained=True without a tag loads the first published one (create_depth_vit)
 default_cfgs = keep_untagged_default(generate_default_cfgs({
     'ssog_vit_tiny': depth_vit_cfg(),
     'ssog_vit_tiny_patch4_32': depth_vit_cfg(**SMALL_IMAGE_CFG),
@@ -31,6 +32,8 @@ default_cfgs = keep_untagged_default(generate_default_cfgs({
     'ssog_ode_tiny_patch4_32': depth_vit_cfg(**SMALL_IMAGE_CFG),
     'ssog_ode_tiny_patch4_32.fmnist': depth_vit_cfg(**dict(SMALL_IMAGE_CFG, **fmnist_cfg('ssog_ode_tiny_patch4_32'))),
     'ssog_ode_small': depth_vit_cfg(),
+    # trained on a CPU at 64 px (patch 16 -> a 4x4 grid), the size that budget allowed; the tag says so
+    'ssog_ode_small.fmnist_64px': depth_vit_cfg(**fmnist_cfg('ssog_ode_small', 'fmnist_64px', img_size=64)),
     'ssog_ode_small_patch4_32': depth_vit_cfg(**SMALL_IMAGE_CFG),
     'ssog_ode_base': depth_vit_cfg(),
     'ssog_ode_base_patch4_32': depth_vit_cfg(**SMALL_IMAGE_CFG),
