@@ -8,7 +8,7 @@ import torch
 
 from .runs import SETTINGS
 
-__all__ = ['parse_solver', 'load_run_model', 'write_elasticity']
+__all__ = ['parse_solver', 'write_elasticity']
 
 
 def parse_solver(text: str) -> Tuple[str, int]:
@@ -17,18 +17,6 @@ def parse_solver(text: str) -> Tuple[str, int]:
     if not sep or not steps.isdigit() or int(steps) < 1:
         raise ValueError(f"A solver is 'method:steps' with steps >= 1 (e.g. 'euler:12', 'rk4:3'), got {text!r}.")
     return method, int(steps)
-
-
-def load_run_model(run_path: Path, arch: str) -> torch.nn.Module:
-    """The model a study run finished with (``last.pth.tar`` that ``python -m timm_odevit.distill`` saved)."""
-    import timm
-    import timm_odevit  # noqa: F401
-    ckpt = torch.load(run_path / 'last.pth.tar', map_location='cpu', weights_only=False)
-    sd = ckpt['state_dict']
-    model = timm.create_model(arch, num_classes=sd['head.weight'].shape[0], in_chans=sd['patch_embed.proj.weight']
-                              .shape[1])
-    model.load_state_dict(sd)
-    return model.eval()
 
 
 @torch.no_grad()
@@ -44,6 +32,7 @@ def write_elasticity(root: Path, solvers: Sequence[str], test_samples: int = 200
     """Evaluate every finished ODE run of the study under each ``solvers`` entry; returns a Markdown table."""
     from .. import data as fm
     from ..models.pretrained import FMNIST_CFG
+    from .export import model_from_run
     root = Path(root)
     parsed = [parse_solver(s) for s in solvers]
     rows: List[Dict[str, object]] = []
@@ -52,9 +41,8 @@ def write_elasticity(root: Path, solvers: Sequence[str], test_samples: int = 200
         for run_path in sorted((root / 'runs').glob(f'{arch}-seed*')):
             if not (run_path / 'results.json').is_file():
                 continue
-            model = load_run_model(run_path, arch)
+            model = model_from_run(run_path, FMNIST_CFG)
             if x is None:
-                model.pretrained_cfg = dict(model.pretrained_cfg, **FMNIST_CFG)
                 x, y = fm.load_tensors(None, 'test', model=model, limit=test_samples)
             for method, steps in parsed:
                 model.trunk.set_solver(method=method, steps=steps)

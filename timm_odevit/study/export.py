@@ -3,7 +3,7 @@ exported to ``weights/<arch>.<tag>/`` with a card that carries its recipe and it
 import json
 import shlex
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, Optional
 
 import torch
 from torch import nn
@@ -21,8 +21,9 @@ def best_runs(root: Path) -> Dict[str, Path]:
         for arch in (dense, ssog):
             for run_path in sorted((Path(root) / 'runs').glob(f'{arch}-seed*')):
                 res = run_path / 'results.json'
-                if res.is_file() and json.loads(res.read_text())['top1'] > score.get(arch, -1.):
-                    best[arch], score[arch] = run_path, json.loads(res.read_text())['top1']
+                top1 = json.loads(res.read_text())['top1'] if res.is_file() else None
+                if top1 is not None and top1 > score.get(arch, -1.):
+                    best[arch], score[arch] = run_path, top1
     return best
 
 
@@ -32,11 +33,13 @@ def _run_args(run_path: Path) -> Dict[str, Any]:
     return {'state_dict': ckpt['state_dict'], 'args': vars(ckpt['args'])}
 
 
-def model_from_run(run_path: Path, pretrained_cfg: Dict[str, Any]) -> nn.Module:
-    """The model at the end of a run, built as the registered architecture (default solver) with ``pretrained_cfg``."""
+def model_from_run(run_path: Path, pretrained_cfg: Dict[str, Any],
+                   ckpt: Optional[Dict[str, Any]] = None) -> nn.Module:
+    """The model at the end of a run, built as the registered architecture (default solver) with ``pretrained_cfg``;
+    ``ckpt``: what ``_run_args`` already read from that run, so a caller needing both reads the file once."""
     import timm
     import timm_odevit  # noqa: F401
-    ckpt = _run_args(run_path)
+    ckpt = ckpt or _run_args(run_path)
     sd, args = ckpt['state_dict'], ckpt['args']
     img = pretrained_cfg['input_size'][-1]
     model = timm.create_model(args['model'], num_classes=sd['head.weight'].shape[0],
@@ -81,10 +84,11 @@ def export_run(
     from ..hub.__main__ import _evaluate_cmd
     from ..hub.export import export, model_card
     from ..hub.recipe import evaluate
-    from .runs import _kwargs_dict
-    args = _run_args(run_path)['args']
+    from ..distill.__main__ import _kwargs
+    ckpt = _run_args(run_path)
+    args = ckpt['args']
     arch = args['model']
-    model = model_from_run(run_path, pretrained_cfg)
+    model = model_from_run(run_path, pretrained_cfg, ckpt)
     folder = f'{root}/{arch}.{tag}'
     sources = [('Fashion-MNIST sample (1,000 test images, bundled)', fm.SAMPLE_DIR, 'sample')]
     if full_test:
@@ -92,7 +96,7 @@ def export_run(
     metrics: Dict[str, Dict[str, Any]] = {}
     for name, src, key in sources:
         metrics[name] = dict(evaluate(model, str(src)), command=_evaluate_cmd(folder, key))
-    trained = _kwargs_dict(args.get('model_kwargs') or [])
+    trained = _kwargs(args.get('model_kwargs'))
     if 'ode_steps' in trained and trained['ode_steps'] != model.trunk.steps:
         default_steps = model.trunk.steps
         model.trunk.set_solver(steps=trained['ode_steps'])

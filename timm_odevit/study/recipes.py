@@ -7,6 +7,7 @@ from typing import Any, Dict, List
 import yaml
 
 from ..data import FASHION_MNIST_MEAN, FASHION_MNIST_STD
+from ..distill.__main__ import _kwargs
 from .runs import SETTINGS, StudyRecipe
 
 __all__ = ['FAMILIES', 'fmnist_recipe', 'cifar100_recipe', 'write_recipes']
@@ -20,8 +21,8 @@ for _setting, (_dense, _ssog, _) in SETTINGS.items():
 FMNIST_EPOCHS = 30
 
 
-def _model_kwargs(setting: str) -> Dict[str, Any]:
-    return dict(kv.split('=') for kv in SETTINGS[setting][2])
+def _model_kwargs(family: str) -> Dict[str, Any]:
+    return _kwargs(SETTINGS[FAMILIES[family]][2])
 
 
 def fmnist_recipe(family: str) -> Dict[str, Any]:
@@ -38,7 +39,7 @@ def fmnist_recipe(family: str) -> Dict[str, Any]:
         'warmup_lr': 1e-5, 'min_lr': r.min_lr, 'cooldown_epochs': 0, 'batch_size': r.batch_size,
         'workers': 4, 'seed': 0, 'checkpoint_hist': 2, 'output': 'output/fmnist',
     }
-    kwargs = {k: int(v) for k, v in _model_kwargs(FAMILIES[family]).items()}
+    kwargs = _model_kwargs(family)
     if kwargs:
         cfg['model_kwargs'] = kwargs
     return cfg
@@ -59,7 +60,7 @@ def cifar100_recipe(family: str) -> Dict[str, Any]:
         'cooldown_epochs': 0, 'batch_size': 64, 'workers': 8, 'amp': True, 'seed': 0, 'checkpoint_hist': 2,
         'output': 'output/cifar100',
     }
-    kwargs = {k: int(v) for k, v in _model_kwargs(FAMILIES[family]).items()}
+    kwargs = _model_kwargs(family)
     if kwargs:
         cfg['model_kwargs'] = kwargs
     return cfg

@@ -180,8 +180,3 @@ def run_study(
                 yield run, 'failed'
         finally:
             _release(root, run)
-
-
-def _kwargs_dict(items: Sequence[str]) -> Dict[str, int]:
-    """('ode_steps=23',) -> {'ode_steps': 23}."""
-    return {k: int(v) for k, v in (item.split('=', 1) for item in items)}
