@@ -172,6 +172,44 @@ def test_recipe_chain_is_recorded_and_carded(idx_folder, tmp_path):
     assert not torch.equal(a.state_dict()['head.weight'], ckpt['state_dict']['head.weight'])
 
 
+def test_augment_batch_flips_and_shifts_each_image_alone():
+    from timm_odevit.hub.recipe import augment_batch
+    x = torch.randn(64, 1, 8, 8)
+    out = augment_batch(x, torch.Generator().manual_seed(0), shift=1)
+    assert out.shape == x.shape
+    kinds = set()
+    for i in range(len(x)):
+        # every output is one of the 2 x 9 flips/shifts of its own input (edge-padded), never another image's
+        padded = [torch.nn.functional.pad(v[None], (1,) * 4, mode='replicate')[0] for v in (x[i], x[i].flip(-1))]
+        hits = [(f, dy, dx) for f, v in enumerate(padded) for dy in range(3) for dx in range(3)
+                if torch.equal(v[:, dy:dy + 8, dx:dx + 8], out[i])]
+        assert hits, f'image {i} is not a flip/shift of its input'
+        kinds.update(hits)
+    assert {k[0] for k in kinds} == {0, 1} and len({k[1:] for k in kinds}) > 4
+
+
+def test_recipe_command_flags_train_and_card(idx_folder, tmp_path):
+    """--augment / --bf16 reach the recipe, train (bf16 autocast, weights stay fp32) and are rendered in the card."""
+    from timm_odevit.hub.export import model_card, model_from_checkpoint
+    from dataclasses import replace
+    from timm_odevit.hub.recipe import compare_precision, parse_command, train_to_checkpoint
+    archs, out_dir, _, recipe, _ = parse_command(['ssog_vit_tiny_patch4_32', '--n-train', '32', '--epochs', '1',
+                                               '--batch-size', '16', '--augment', '--bf16', '--threads', '2',
+                                               '--out-dir', str(tmp_path)])
+    assert archs == ['ssog_vit_tiny_patch4_32'] and recipe.augment and recipe.bf16 and recipe.threads == 2
+    speeds = compare_precision(archs[0], replace(recipe, batch_size=4), repeats=2)
+    assert set(speeds) == {'fp32', 'bf16', 'bf16 / fp32'} and all(v > 0 for v in speeds.values())
+    default = parse_command(['ssog_vit_tiny_patch4_32'])[3]
+    assert not default.augment and not default.bf16
+    path = train_to_checkpoint(archs[0], recipe, str(tmp_path / 'a.pth'), str(idx_folder))
+    ckpt = torch.load(path, map_location='cpu', weights_only=True)
+    assert all(v.dtype == torch.float32 for v in ckpt['state_dict'].values() if v.is_floating_point())
+    lines = model_card(archs[0], 'test', model_from_checkpoint(str(path)), {}, ckpt['recipe'])['details']
+    lines = lines['Training recipe']
+    assert '--augment --bf16' in lines['command'] and 'OMP_NUM_THREADS=2' in lines['command']
+    assert 'bf16 autocast' in lines['schedule'] and 'flip' in lines['data']
+
+
 def test_training_command_input_stats():
     """Grey Fashion-MNIST uses its own statistics; a 1-channel run on another dataset must say its mean and std."""
     from timm_odevit.distill.__main__ import _input_stats, parse_args

@@ -122,7 +122,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         serve(a.root, a.port, a.host, a.org, not a.no_verify, a.duration)
     elif a.cmd == 'evaluate':
         r = evaluate_folder(a.folder, a.data, a.solver)
-        print(f'{a.folder} on {a.data}{" with " + a.solver if a.solver else ""}: top-1 {r["top1"]:.2f}% ({r["correct"]}/{r["n"]})')
+        solver = f' with {a.solver}' if a.solver else ''
+        print(f'{a.folder} on {a.data}{solver}: top-1 {r["top1"]:.2f}% ({r["correct"]}/{r["n"]})')
     elif a.cmd == 'table':
         from .table import weights_table
         print(weights_table(Path(a.root)), end='')

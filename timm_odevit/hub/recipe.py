@@ -5,14 +5,18 @@ continues from an earlier run's weights with a fresh schedule; the checkpoint re
 1-channel 32 px input (Fashion-MNIST resized with timm's eval transform, bicubic, crop_pct 1.0, normalised with the
 training-set mean/std), ``n_train`` training images drawn with ``seed``, batch 128, AdamW (timm's
 create_optimizer_v2, lr 2e-3, weight decay 0.05, no decay on norms/biases/tokens), linear warm-up over the first 10%
-of steps then cosine to 0, gradient clipping at 1.0, no augmentation, fp32, ``torch.manual_seed(seed)``.
+of steps then cosine to 0, gradient clipping at 1.0, ``torch.manual_seed(seed)``. By default no augmentation and
+fp32; ``augment`` adds a random horizontal flip and a random shift of up to ``AUGMENT_SHIFT`` pixels (edge-padded)
+per image, and ``bf16`` runs forward and loss under CPU bfloat16 autocast (weights and optimizer stay fp32), about
+1.7x the images/s of fp32 on AVX512-BF16 cores (``--compare-precision 5`` measures it).
 """
 import logging
 import math
+import statistics
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 from torch import nn
@@ -22,11 +26,13 @@ import timm
 from .. import data as fm
 from ..models.pretrained import FMNIST_CFG
 
-__all__ = ['Recipe', 'FMNIST_PRETRAINED_CFG', 'build_for_fmnist', 'train', 'evaluate']
+__all__ = ['Recipe', 'FMNIST_PRETRAINED_CFG', 'build_for_fmnist', 'augment_batch', 'train_step', 'compare_precision', 'train',
+           'evaluate', 'parse_command']
 
 _logger = logging.getLogger(__name__)
 
 FMNIST_TRAIN_SIZE = 60000
+AUGMENT_SHIFT = 2
 
 # what the published fmnist weights expect: 1 grey channel at 32 px, the dataset's own statistics
 FMNIST_PRETRAINED_CFG = FMNIST_CFG
@@ -45,6 +51,8 @@ class Recipe:
     seed: int = 0
     threads: int = 1
     init_checkpoint: str = ''  # continue from the weights of an earlier run of this recipe (a fresh schedule)
+    augment: bool = False
+    bf16: bool = False
 
 
 def build_for_fmnist(arch: str, **kwargs: Any) -> nn.Module:
@@ -52,6 +60,54 @@ def build_for_fmnist(arch: str, **kwargs: Any) -> nn.Module:
     model = timm.create_model(arch, pretrained=False, num_classes=10, in_chans=1, **kwargs)
     model.pretrained_cfg = dict(model.pretrained_cfg, **FMNIST_PRETRAINED_CFG)
     return model
+
+
+def augment_batch(x: torch.Tensor, generator: torch.Generator, shift: int = AUGMENT_SHIFT) -> torch.Tensor:
+    """Flip each image left-right with probability 1/2, then shift it by up to ``shift`` pixels each way."""
+    b, _, h, w = x.shape
+    flip = torch.rand(b, generator=generator) < 0.5
+    x = torch.where(flip[:, None, None, None], x.flip(-1), x)
+    # edge padding: the garment's background continues, where zeros would be a bright frame after normalisation
+    padded = nn.functional.pad(x, (shift,) * 4, mode='replicate')
+    dy, dx = torch.randint(0, 2 * shift + 1, (2, b), generator=generator)
+    rows = (dy[:, None] + torch.arange(h))[:, :, None]
+    cols = (dx[:, None] + torch.arange(w))[:, None, :]
+    return padded[torch.arange(b)[:, None, None], :, rows, cols].permute(0, 3, 1, 2)
+
+
+def train_step(model: nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor,
+               recipe: Recipe) -> torch.Tensor:
+    """One update of the recipe (cross-entropy, clipped gradients); returns the loss."""
+    with torch.autocast('cpu', dtype=torch.bfloat16, enabled=recipe.bf16):
+        loss = nn.functional.cross_entropy(model(x), y)
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    nn.utils.clip_grad_norm_(model.parameters(), recipe.clip_grad)
+    opt.step()
+    return loss
+
+
+def compare_precision(arch: str, recipe: Recipe, repeats: int = 5) -> Dict[str, float]:
+    """Images/s of the recipe's training step in fp32 and under bf16 autocast, medians of interleaved repeats."""
+    from timm.optim import create_optimizer_v2
+    torch.set_num_threads(recipe.threads)
+    torch.manual_seed(recipe.seed)
+    x = torch.randn(recipe.batch_size, 1, 32, 32)
+    y = torch.randint(0, 10, (recipe.batch_size,))
+    runs = {}
+    for bf16 in (False, True):
+        model = build_for_fmnist(arch)
+        opt = create_optimizer_v2(model, 'adamw', lr=recipe.lr, weight_decay=recipe.weight_decay)
+        train_step(model, opt, x, y, replace(recipe, bf16=bf16))  # warm-up: allocator, oneDNN primitives
+        runs['bf16' if bf16 else 'fp32'] = (model, opt, replace(recipe, bf16=bf16), [])
+    for _ in range(repeats):
+        for model, opt, r, times in runs.values():
+            t0 = time.perf_counter()
+            train_step(model, opt, x, y, r)
+            times.append(time.perf_counter() - t0)
+    out = {k: recipe.batch_size / statistics.median(v[3]) for k, v in runs.items()}
+    out['bf16 / fp32'] = out['bf16'] / out['fp32']
+    return out
 
 
 def train(
@@ -83,7 +139,6 @@ def train(
     opt = create_optimizer_v2(model, 'adamw', lr=recipe.lr, weight_decay=recipe.weight_decay)
     sched = torch.optim.lr_scheduler.LambdaLR(
         opt, lambda s: (s + 1) / warm if s < warm else 0.5 * (1 + math.cos(math.pi * (s - warm) / (total - warm))))
-    crit = nn.CrossEntropyLoss()
     log: Dict[str, Any] = {'losses': [], 'recipe': asdict(recipe)}
     t0 = time.time()
     step = 0
@@ -92,11 +147,8 @@ def train(
         perm = torch.randperm(len(x), generator=g)
         for b in range(steps_per_epoch):
             bi = perm[b * recipe.batch_size:(b + 1) * recipe.batch_size]
-            loss = crit(model(x[bi]), y[bi])
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            nn.utils.clip_grad_norm_(model.parameters(), recipe.clip_grad)
-            opt.step()
+            xb = augment_batch(x[bi], g) if recipe.augment else x[bi]
+            loss = train_step(model, opt, xb, y[bi], recipe)
             sched.step()
             step += 1
             if step % log_every == 0 or step == total:
@@ -136,19 +188,34 @@ def train_to_checkpoint(arch: str, recipe: Recipe, out: str, src: Optional[str] 
     return path
 
 
-def _main() -> None:
+def parse_command(argv: Optional[List[str]] = None) -> Tuple[List[str], str, Optional[str], Recipe, int]:
+    """The command line of ``python -m timm_odevit.hub.recipe``: (archs, out_dir, src, recipe, compare repeats)."""
     import argparse
     p = argparse.ArgumentParser(prog='python -m timm_odevit.hub.recipe')
     p.add_argument('arch', nargs='+')
     p.add_argument('--out-dir', default='output/fmnist')
     p.add_argument('--src', default=None)
     for k, v in asdict(Recipe()).items():
-        p.add_argument(f'--{k.replace("_", "-")}', type=type(v), default=v)
-    a = p.parse_args()
+        if isinstance(v, bool):
+            p.add_argument(f'--{k.replace("_", "-")}', action=argparse.BooleanOptionalAction, default=v)
+        else:
+            p.add_argument(f'--{k.replace("_", "-")}', type=type(v), default=v)
+    p.add_argument('--compare-precision', type=int, default=0, metavar='REPEATS',
+                   help='time the training step in fp32 and bf16 autocast (interleaved, medians) instead of training')
+    a = p.parse_args(argv)
+    return a.arch, a.out_dir, a.src, Recipe(**{k: getattr(a, k) for k in asdict(Recipe())}), a.compare_precision
+
+
+def _main() -> None:
+    archs, out_dir, src, recipe, compare = parse_command()
     logging.basicConfig(level=logging.INFO, format='%(asctime)s %(message)s')
-    recipe = Recipe(**{k: getattr(a, k) for k in asdict(Recipe())})
-    for arch in a.arch:
-        train_to_checkpoint(arch, recipe, str(Path(a.out_dir) / f'{arch}.pth'), a.src)
+    for arch in archs:
+        if compare:
+            r = compare_precision(arch, recipe, compare)
+            print(f'{arch} batch {recipe.batch_size}, {recipe.threads} thread(s), median of {compare}: '
+                  f'fp32 {r["fp32"]:.1f} img/s, bf16 autocast {r["bf16"]:.1f} img/s, ratio {r["bf16 / fp32"]:.2f}')
+            continue
+        train_to_checkpoint(arch, recipe, str(Path(out_dir) / f'{arch}.pth'), src)
 
 
 if __name__ == '__main__':
