@@ -190,8 +190,9 @@ def test_augment_batch_flips_and_shifts_each_image_alone():
 
 def test_recipe_command_flags_train_and_card(idx_folder, tmp_path):
     """--augment / --bf16 reach the recipe, train (bf16 autocast, weights stay fp32) and are rendered in the card."""
-    from timm_odevit.hub.export import model_card, model_from_checkpoint
     from dataclasses import replace
+
+    from timm_odevit.hub.export import model_card, model_from_checkpoint
     from timm_odevit.hub.recipe import compare_precision, parse_command, train_to_checkpoint
     archs, out_dir, _, recipe, _ = parse_command(['ssog_vit_tiny_patch4_32', '--n-train', '32', '--epochs', '1',
                                                '--batch-size', '16', '--augment', '--bf16', '--threads', '2',

@@ -18,8 +18,8 @@ from timm.models import save_for_hf
 from timm.models._hub import generate_readme
 
 from . import CARD_FILE, CONFIG_FILE, ORG, WEIGHTS_FILE, hub_id
-from .verify import verify_repo, write_manifest
 from .recipe import AUGMENT_SHIFT
+from .verify import verify_repo, write_manifest
 
 __all__ = ['model_from_checkpoint', 'model_card', 'export', 'push']
 
@@ -73,14 +73,16 @@ def _recipe_lines(arch: str, recipe: Dict[str, Any], cfg: Dict[str, Any]) -> Dic
     return {
         'data': f'{recipe["n_train"]} training images (first n of a permutation seeded {recipe["seed"]}), '
                 f'resized 28 -> {size[-1]} px bicubic, normalised mean {cfg["mean"]} / std {cfg["std"]}, '
-                + (f'random horizontal flip and shift of up to {AUGMENT_SHIFT} px' if augment else 'no augmentation'),
+                + (f'random horizontal flip and shift of up to {AUGMENT_SHIFT} px' if augment
+                   else 'no augmentation'),
         'schedule': f'{recipe["epochs"]} epochs, batch {recipe["batch_size"]}, AdamW lr {recipe["lr"]} '
                     f'weight decay {recipe["weight_decay"]}, warm-up {recipe["warmup_frac"]:.0%} then cosine, '
                     f'grad clip {recipe["clip_grad"]}, {"bf16 autocast" if bf16 else "fp32"}, '
                     f'CPU ({threads} thread{"s" if threads > 1 else ""})'
                     + (', starting from the previous stage\'s weights' if init else ''),
-        'command': f'`OMP_NUM_THREADS={threads} python -m timm_odevit.hub.recipe {arch} --n-train {recipe["n_train"]} '
-                   f'--epochs {recipe["epochs"]} --lr {recipe["lr"]} --seed {recipe["seed"]}'
+        'command': f'`OMP_NUM_THREADS={threads} python -m timm_odevit.hub.recipe {arch} '
+                   f'--n-train {recipe["n_train"]} --epochs {recipe["epochs"]} --lr {recipe["lr"]} '
+                   f'--seed {recipe["seed"]}'
                    + (f' --threads {threads}' if threads != 1 else '') + (' --augment' if augment else '')
                    + (' --bf16' if bf16 else '')
                    + (' --init-checkpoint <the previous stage\'s .pth>' if init else '') + '`',

@@ -7,8 +7,8 @@ training-set mean/std), ``n_train`` training images drawn with ``seed``, batch 1
 create_optimizer_v2, lr 2e-3, weight decay 0.05, no decay on norms/biases/tokens), linear warm-up over the first 10%
 of steps then cosine to 0, gradient clipping at 1.0, ``torch.manual_seed(seed)``. By default no augmentation and
 fp32; ``augment`` adds a random horizontal flip and a random shift of up to ``AUGMENT_SHIFT`` pixels (edge-padded)
-per image, and ``bf16`` runs forward and loss under CPU bfloat16 autocast (weights and optimizer stay fp32), about
-1.7x the images/s of fp32 on AVX512-BF16 cores (``--compare-precision 5`` measures it).
+per image, and ``bf16`` runs forward and loss under CPU bfloat16 autocast (weights and optimizer stay fp32), 1.7-2.2x
+the images/s of fp32 on this machine's AVX512-BF16 cores (``--compare-precision 5`` measures it).
 """
 import logging
 import math
@@ -26,8 +26,8 @@ import timm
 from .. import data as fm
 from ..models.pretrained import FMNIST_CFG
 
-__all__ = ['Recipe', 'FMNIST_PRETRAINED_CFG', 'build_for_fmnist', 'augment_batch', 'train_step', 'compare_precision', 'train',
-           'evaluate', 'parse_command']
+__all__ = ['Recipe', 'FMNIST_PRETRAINED_CFG', 'build_for_fmnist', 'augment_batch', 'train_step', 'compare_precision',
+           'train', 'evaluate', 'parse_command']
 
 _logger = logging.getLogger(__name__)
 
@@ -92,7 +92,7 @@ def compare_precision(arch: str, recipe: Recipe, repeats: int = 5) -> Dict[str, 
     from timm.optim import create_optimizer_v2
     torch.set_num_threads(recipe.threads)
     torch.manual_seed(recipe.seed)
-    x = torch.randn(recipe.batch_size, 1, 32, 32)
+    x = torch.randn(recipe.batch_size, *FMNIST_PRETRAINED_CFG['input_size'])
     y = torch.randint(0, 10, (recipe.batch_size,))
     runs = {}
     for bf16 in (False, True):
