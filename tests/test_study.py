@@ -3,6 +3,7 @@ the train.py YAML recipes (committed files current, every key a train.py option,
 import csv
 import json
 import os
+import shlex
 import shutil
 from pathlib import Path
 
@@ -194,7 +195,7 @@ def test_recipe_command_flags_train_and_card(idx_folder, tmp_path):
 
     from timm_odevit.hub.export import model_card, model_from_checkpoint
     from timm_odevit.hub.recipe import compare_precision, parse_command, train_to_checkpoint
-    archs, out_dir, _, recipe, _ = parse_command(['ssog_vit_tiny_patch4_32', '--n-train', '32', '--epochs', '1',
+    archs, _, _, recipe, _ = parse_command(['ssog_vit_tiny_patch4_32', '--n-train', '32', '--epochs', '1',
                                                '--batch-size', '16', '--augment', '--bf16', '--threads', '2',
                                                '--out-dir', str(tmp_path)])
     assert archs == ['ssog_vit_tiny_patch4_32'] and recipe.augment and recipe.bf16 and recipe.threads == 2
@@ -209,6 +210,9 @@ def test_recipe_command_flags_train_and_card(idx_folder, tmp_path):
     lines = lines['Training recipe']
     assert '--augment --bf16' in lines['command'] and 'OMP_NUM_THREADS=2' in lines['command']
     assert 'bf16 autocast' in lines['schedule'] and 'flip' in lines['data']
+    # the card's command reruns the recipe: every non-default option (here batch size 16) survives the round trip
+    argv = shlex.split(lines['command'].strip('`'))[3:]
+    assert parse_command(argv)[3] == recipe and '--batch-size 16' in lines['command']
 
 
 def test_training_command_input_stats():

@@ -18,7 +18,7 @@ from timm.models import save_for_hf
 from timm.models._hub import generate_readme
 
 from . import CARD_FILE, CONFIG_FILE, ORG, WEIGHTS_FILE, hub_id
-from .recipe import AUGMENT_SHIFT
+from .recipe import AUGMENT_SHIFT, recipe_command
 from .verify import verify_repo, write_manifest
 
 __all__ = ['model_from_checkpoint', 'model_card', 'export', 'push']
@@ -80,12 +80,7 @@ def _recipe_lines(arch: str, recipe: Dict[str, Any], cfg: Dict[str, Any]) -> Dic
                     f'grad clip {recipe["clip_grad"]}, {"bf16 autocast" if bf16 else "fp32"}, '
                     f'CPU ({threads} thread{"s" if threads > 1 else ""})'
                     + (', starting from the previous stage\'s weights' if init else ''),
-        'command': f'`OMP_NUM_THREADS={threads} python -m timm_odevit.hub.recipe {arch} '
-                   f'--n-train {recipe["n_train"]} --epochs {recipe["epochs"]} --lr {recipe["lr"]} '
-                   f'--seed {recipe["seed"]}'
-                   + (f' --threads {threads}' if threads != 1 else '') + (' --augment' if augment else '')
-                   + (' --bf16' if bf16 else '')
-                   + (' --init-checkpoint <the previous stage\'s .pth>' if init else '') + '`',
+        'command': f'`{recipe_command(arch, recipe)}`',
     }
 
 

@@ -27,7 +27,7 @@ from .. import data as fm
 from ..models.pretrained import FMNIST_CFG
 
 __all__ = ['Recipe', 'FMNIST_PRETRAINED_CFG', 'build_for_fmnist', 'augment_batch', 'train_step', 'compare_precision',
-           'train', 'evaluate', 'parse_command']
+           'train', 'evaluate', 'parse_command', 'recipe_command']
 
 _logger = logging.getLogger(__name__)
 
@@ -94,18 +94,18 @@ def compare_precision(arch: str, recipe: Recipe, repeats: int = 5) -> Dict[str, 
     torch.manual_seed(recipe.seed)
     x = torch.randn(recipe.batch_size, *FMNIST_PRETRAINED_CFG['input_size'])
     y = torch.randint(0, 10, (recipe.batch_size,))
-    runs = {}
-    for bf16 in (False, True):
-        model = build_for_fmnist(arch)
-        opt = create_optimizer_v2(model, 'adamw', lr=recipe.lr, weight_decay=recipe.weight_decay)
-        train_step(model, opt, x, y, replace(recipe, bf16=bf16))  # warm-up: allocator, oneDNN primitives
-        runs['bf16' if bf16 else 'fp32'] = (model, opt, replace(recipe, bf16=bf16), [])
+    runs, times = {}, {}
+    for name, bf16 in (('fp32', False), ('bf16', True)):
+        model, r = build_for_fmnist(arch), replace(recipe, bf16=bf16)
+        opt = create_optimizer_v2(model, 'adamw', lr=r.lr, weight_decay=r.weight_decay)
+        train_step(model, opt, x, y, r)  # warm-up: allocator, oneDNN primitives
+        runs[name], times[name] = (model, opt, r), []
     for _ in range(repeats):
-        for model, opt, r, times in runs.values():
+        for name, (model, opt, r) in runs.items():
             t0 = time.perf_counter()
             train_step(model, opt, x, y, r)
-            times.append(time.perf_counter() - t0)
-    out = {k: recipe.batch_size / statistics.median(v[3]) for k, v in runs.items()}
+            times[name].append(time.perf_counter() - t0)
+    out = {name: recipe.batch_size / statistics.median(t) for name, t in times.items()}
     out['bf16 / fp32'] = out['bf16'] / out['fp32']
     return out
 
@@ -204,6 +204,22 @@ def parse_command(argv: Optional[List[str]] = None) -> Tuple[List[str], str, Opt
                    help='time the training step in fp32 and bf16 autocast (interleaved, medians) instead of training')
     a = p.parse_args(argv)
     return a.arch, a.out_dir, a.src, Recipe(**{k: getattr(a, k) for k in asdict(Recipe())}), a.compare_precision
+
+
+def recipe_command(arch: str, recipe: Dict[str, Any]) -> str:
+    """The command line that reruns ``recipe`` (a ``Recipe`` as a dict), the inverse of ``parse_command``: the size,
+    length, lr and seed always, every other option where it differs from the default, ``--init-checkpoint`` as a
+    placeholder (the previous stage's file)."""
+    default = asdict(Recipe())
+    parts = [f'OMP_NUM_THREADS={recipe.get("threads", 1)} python -m timm_odevit.hub.recipe {arch}']
+    for k, d in default.items():
+        v = recipe.get(k, d)  # stages recorded before an option existed ran with its default
+        flag = f'--{k.replace("_", "-")}'
+        if k != 'init_checkpoint' and (k in ('n_train', 'epochs', 'lr', 'seed') or v != d):
+            parts.append(flag if v is True else f'--no-{flag[2:]}' if v is False else f'{flag} {v}')
+    if recipe.get('init_checkpoint'):
+        parts.append("--init-checkpoint <the previous stage's .pth>")
+    return ' '.join(parts)
 
 
 def _main() -> None:
