@@ -1,0 +1,42 @@
+"""The one family table: every model family, its token mixer, its depth setting and its dense-attention twin.
+
+The zoo table, the benchmark, the study and the recipes all read this table instead of declaring their own.
+"""
+from dataclasses import dataclass
+from typing import Dict, Optional, Tuple
+
+__all__ = ['Family', 'FAMILIES', 'SETTINGS', 'SIZES', 'model_name']
+
+
+@dataclass(frozen=True)
+class Family:
+    name: str
+    mixer: str  # 'ssog' or 'attention'
+    depth: str  # 'discrete', 'looped' or 'ode'
+    twin: Optional[str] = None  # the dense-attention twin of an SSoG family
+
+    @property
+    def is_ssog(self) -> bool:
+        return self.mixer == 'ssog'
+
+
+FAMILIES: Dict[str, Family] = {f.name: f for f in (
+    Family('ssog_vit', 'ssog', 'discrete', twin='dense_vit'),
+    Family('looped_ssog', 'ssog', 'looped', twin='looped_vit'),
+    Family('ssog_ode', 'ssog', 'ode', twin='odevit'),
+    Family('dense_vit', 'attention', 'discrete'),
+    Family('looped_vit', 'attention', 'looped'),
+    Family('odevit', 'attention', 'ode'),
+)}
+# depth setting -> (SSoG family, its dense twin)
+SETTINGS: Dict[str, Tuple[str, str]] = {f.depth: (f.name, f.twin) for f in FAMILIES.values() if f.is_ssog}
+SIZES: Tuple[str, ...] = ('tiny', 'small', 'base')
+
+
+def model_name(family: str, size: str, small_image: bool = False) -> str:
+    """Registered name of a family at a size: ``ssog_ode_small``, or ``ssog_ode_tiny_patch4_32`` for small images."""
+    if family not in FAMILIES:
+        raise ValueError(f'Unknown family {family!r}; choose one of {list(FAMILIES)}.')
+    if size not in SIZES:
+        raise ValueError(f'Unknown size {size!r}; choose one of {list(SIZES)}.')
+    return f'{family}_{size}' + ('_patch4_32' if small_image else '')
