@@ -1,0 +1,91 @@
+"""The one evaluation loop: top-1, cross-entropy and field evaluations (NFE) of any model on any device.
+
+``evaluate(model, data)`` takes a DataLoader (any iterable of ``(images, labels)`` batches) or a pair of tensors
+``(images, labels)`` that it cuts into batches itself. It runs under ``torch.inference_mode`` with the model in eval
+mode, optionally under autocast (``amp_dtype=torch.bfloat16`` on CPU or CUDA), and in a distributed run sums the
+counts over ranks. ``nfe`` is the mean over forwards of ``model.nfe`` (block or field evaluations per forward, which
+every timm_odevit model reports); ``None`` for a model without it, such as timm's own ViTs.
+"""
+from typing import Any, Dict, Iterable, Optional, Tuple, Union
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+__all__ = ['evaluate']
+
+Batches = Union[Iterable[Tuple[torch.Tensor, torch.Tensor]], Tuple[torch.Tensor, torch.Tensor]]
+
+
+def _batches(data: Batches, batch_size: int) -> Iterable[Tuple[torch.Tensor, torch.Tensor]]:
+    if isinstance(data, (tuple, list)) and len(data) == 2 and all(isinstance(t, torch.Tensor) for t in data):
+        x, y = data
+        if len(x) != len(y):
+            raise ValueError(f'{len(x)} images but {len(y)} labels.')
+        return ((x[i:i + batch_size], y[i:i + batch_size]) for i in range(0, len(x), batch_size))
+    return data
+
+
+def _nfe_owner(model: nn.Module) -> Optional[nn.Module]:
+    # DDP keeps the model in .module, torch.compile in ._orig_mod; nfe lives on the model itself
+    while True:
+        if hasattr(model, 'nfe'):
+            return model
+        inner = getattr(model, 'module', None) or getattr(model, '_orig_mod', None)
+        if not isinstance(inner, nn.Module):
+            return None
+        model = inner
+
+
+def evaluate(
+        model: nn.Module,
+        data: Batches,
+        device: Optional[Union[str, torch.device]] = None,
+        amp_dtype: Optional[torch.dtype] = None,
+        batch_size: int = 250,
+        distributed: bool = False,
+) -> Dict[str, Any]:
+    """Top-1 (percent), mean cross-entropy and mean NFE per forward of ``model`` over ``data``.
+
+    Args:
+        model: Any classifier (a DDP or torch.compile wrapper included); left in eval mode.
+        data: A DataLoader / iterable of ``(images, labels)`` batches, or a pair of tensors ``(images, labels)``.
+        device: Where to run (default: where the model's parameters are). Batches are moved there one at a time.
+        amp_dtype: Run the forward under autocast with this dtype (e.g. ``torch.bfloat16``); None for full precision.
+        batch_size: Batch size when ``data`` is a pair of tensors.
+        distributed: Sum the counts over the ranks of the initialised process group.
+
+    Returns:
+        ``{'top1', 'correct', 'n', 'loss', 'nfe'}``; ``nfe`` is None for models that do not count evaluations.
+    """
+    if device is None:
+        param = next(model.parameters(), None)
+        device = param.device if param is not None else torch.device('cpu')
+    device = torch.device(device)
+    owner = _nfe_owner(model)
+    model.eval()
+    # loss sum, correct, count, nfe sum, forwards: one tensor, so a distributed run reduces once
+    sums = torch.zeros(5, dtype=torch.float64, device=device)
+    with torch.inference_mode():
+        for x, y in _batches(data, batch_size):
+            x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+            with torch.autocast(device.type, dtype=amp_dtype or torch.bfloat16, enabled=amp_dtype is not None):
+                logits = model(x)
+            sums[0] += nn.functional.cross_entropy(logits.float(), y, reduction='sum').double()
+            sums[1] += (logits.argmax(-1) == y).sum()
+            sums[2] += len(y)
+            if owner is not None:
+                sums[3] += owner.nfe
+                sums[4] += 1
+    if distributed and dist.is_available() and dist.is_initialized():
+        dist.all_reduce(sums)
+    loss, correct, n, nfe, forwards = sums.tolist()
+    if n == 0:
+        raise ValueError('evaluate() got no images: the data is empty.')
+    return {
+        'top1': 100. * correct / n,
+        'correct': int(correct),
+        'n': int(n),
+        'loss': loss / n,
+        'nfe': nfe / forwards if forwards else None,
+    }
