@@ -136,3 +136,77 @@ def test_ssog_recompute_in_backward_gives_the_same_gradients():
         mixer(xi, (4, 5)).square().sum().backward()
         grads.append(torch.cat([xi.grad.flatten()] + [p.grad.flatten() for p in mixer.parameters()]))
     torch.testing.assert_close(grads[0], grads[1])
+
+
+def _mix_pair(grid, num_prefix, batch=2, dtype=torch.float64):
+    """The same mixer (random kernels, learned offsets) on the accumulate path and on the einsum path."""
+    torch.manual_seed(1)
+    mixers = []
+    for mixing in ('accumulate', 'einsum'):
+        torch.manual_seed(0)
+        m = SeparableGaussianMixer(12, 3, num_gaussians=3, bias=True, learn_offset=True, mixing=mixing).to(dtype)
+        _randomize_kernels(m)
+        mixers.append(m)
+    x = torch.randn(batch, num_prefix + grid[0] * grid[1], 12, dtype=dtype)
+    return mixers, x
+
+
+@pytest.mark.parametrize('grid,num_prefix,batch', [((4, 4), 0, 1), ((3, 5), 1, 2), ((6, 2), 3, 3), ((1, 7), 2, 2)])
+def test_ssog_accumulate_path_equals_einsum_path(grid, num_prefix, batch):
+    mixers, x = _mix_pair(grid, num_prefix, batch)
+    outs, grads = [], []
+    g = torch.randn(batch, x.shape[1], 12, dtype=x.dtype)
+    for m in mixers:
+        xi = x.clone().requires_grad_()
+        out = m(xi, grid)
+        (out * g).sum().backward()
+        outs.append(out)
+        grads.append([xi.grad] + [p.grad for p in m.parameters()])
+    torch.testing.assert_close(outs[0], outs[1])
+    assert len(grads[0]) == len(grads[1])
+    for a, b in zip(*grads):
+        torch.testing.assert_close(a, b)
+    # the kernel parameters do receive a gradient (a backward that dropped them would pass the value checks)
+    assert mixers[0].log_sigma.grad.abs().sum() > 0 and mixers[0].offset.grad.abs().sum() > 0
+
+
+def test_ssog_accumulate_backward_gradcheck():
+    from timm_odevit.layers.mixers import _SeparableMixFn
+    torch.manual_seed(0)
+    p = torch.randn(2, 3, 4, 5, dtype=torch.float64, requires_grad=True)
+    gx = torch.rand(2, 3, 4, 4, dtype=torch.float64, requires_grad=True)
+    gy = torch.rand(2, 3, 3, 3, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(_SeparableMixFn.apply, (p, gx, gy))
+
+
+def test_ssog_mixing_option():
+    assert SeparableGaussianMixer(8, 2).mixing == 'accumulate'
+    with pytest.raises(ValueError, match='mixing must be'):
+        SeparableGaussianMixer(8, 2, mixing='fft')
+    from timm_odevit.layers.mixers import MIXER_OPTIONS
+    assert 'mixing' in MIXER_OPTIONS['ssog']
+
+
+@pytest.mark.parametrize('mixing', ['accumulate', 'einsum'])
+def test_ssog_mixing_on_meta(mixing):
+    m = SeparableGaussianMixer(12, 3, mixing=mixing, device='meta')
+    x = torch.empty(2, 1 + 3 * 5, 12, device='meta', requires_grad=True)
+    out = m(x, (3, 5))
+    assert out.shape == x.shape and out.is_meta
+    out.sum().backward()
+    assert x.grad.shape == x.shape
+
+
+def test_ssog_accumulate_compiles_fullgraph():
+    mixers, x = _mix_pair((3, 5), 1, dtype=torch.float32)
+    m, ref = mixers
+    compiled = torch.compile(m, fullgraph=True, backend='aot_eager')
+    xi = x.clone().requires_grad_()
+    out = compiled(xi, (3, 5))
+    out.square().sum().backward()
+    xr = x.clone().requires_grad_()
+    expected = ref(xr, (3, 5))
+    expected.square().sum().backward()
+    torch.testing.assert_close(out, expected)
+    torch.testing.assert_close(xi.grad, xr.grad)
+    torch.testing.assert_close(m.log_sigma.grad, ref.log_sigma.grad)

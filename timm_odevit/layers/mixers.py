@@ -67,7 +67,11 @@ class MultiHeadAttention(nn.Module):
 
 
 def _separable_mix(vp: torch.Tensor, gx: torch.Tensor, gy: torch.Tensor) -> torch.Tensor:
-    """sum_k G^y_k V G^x_k^T per head: values [B, H, W, heads, d], kernels [heads, K, n, n] (G^y pre-weighted)."""
+    """sum_k G^y_k V G^x_k^T per head: values [B, H, W, heads, d], kernels [heads, K, n, n] (G^y pre-weighted).
+
+    The einsum path: one pair of contractions for all K components at once, through a K-fold intermediate
+    [B, heads, K, H, W, d]. Fewer, larger kernels (faster on small grids); K times the values in memory.
+    """
     # x axis, then y axis with the mixture sum folded into the same contraction over (k, row)
     t = torch.einsum('hkvw,bywhd->bhkyvd', gx, vp)
     return torch.einsum('hkuy,bhkyvd->buvhd', gy, t)
@@ -78,6 +82,60 @@ def gaussian_kernel_matrix(size: int, sigma: torch.Tensor, offset: torch.Tensor)
 
     ``sigma`` and ``offset`` are in patch units with any leading shape; the result has that shape + (size, size).
     Row normalization is a softmax over j, which stays finite however small sigma gets.
+def _mix_accumulate(p: torch.Tensor, gx: torch.Tensor, gy: torch.Tensor) -> torch.Tensor:
+    """sum_k G^y_k P G^x_k^T on the head-major layout P [heads, H, W, c], accumulated one component at a time.
+
+    The y axis is one bmm over heads ([H, H] @ [H, W * c]); the x axis is one bmm over (heads, rows) with G^x
+    broadcast over rows (a [heads * H, W, W] copy, small next to the values). Peak extra: two value-sized tensors.
+    """
+    h, H, W, c = p.shape
+    out = None
+    for k in range(gx.shape[1]):
+        t = torch.bmm(gy[:, k], p.reshape(h, H, W * c)).reshape(h * H, W, c)
+        gxk = gx[:, k, None].expand(h, H, W, W).reshape(h * H, W, W)
+        out = torch.bmm(gxk, t) if out is None else out.baddbmm_(gxk, t)
+        del t
+    return out.reshape(h, H, W, c)
+
+
+class _SeparableMixFn(torch.autograd.Function):
+    """The accumulate path with a backward that keeps only its input: the mixing is linear in the values, so their
+    gradient is the same mixing with transposed kernels, and the kernels' gradients are recomputed per component."""
+
+    @staticmethod
+    def forward(ctx, p: torch.Tensor, gx: torch.Tensor, gy: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(p, gx, gy)
+        return _mix_accumulate(p, gx, gy)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        p, gx, gy = ctx.saved_tensors
+        grad = grad.contiguous().to(p.dtype)
+        h, H, W, c = p.shape
+        grad_p = grad_gx = grad_gy = None
+        if ctx.needs_input_grad[0]:
+            # Y = G^y P G^x^T  =>  dP = G^y^T dY G^x
+            grad_p = _mix_accumulate(grad, gx.transpose(-1, -2), gy.transpose(-1, -2))
+        if ctx.needs_input_grad[1] or ctx.needs_input_grad[2]:
+            gxs, gys = [], []
+            g3 = grad.reshape(h * H, W, c)
+            for k in range(gx.shape[1]):
+                if ctx.needs_input_grad[1]:
+                    # Y_k = B_k G^x_k^T with B_k = G^y_k P: dG^x_k = sum over rows of dY_row B_k_row^T
+                    b = torch.bmm(gy[:, k], p.reshape(h, H, W * c)).reshape(h * H, W, c)
+                    gxs.append(torch.bmm(g3, b.transpose(1, 2)).reshape(h, H, W, W).sum(1))
+                    del b
+                if ctx.needs_input_grad[2]:
+                    # Y_k = G^y_k A_k with A_k = P G^x_k^T: dG^y_k = dY A_k^T over (columns, channels)
+                    gxk = gx[:, k, None].expand(h, H, W, W).reshape(h * H, W, W)
+                    a = torch.bmm(gxk, p.reshape(h * H, W, c)).reshape(h, H, W * c)
+                    gys.append(torch.bmm(grad.reshape(h, H, W * c), a.transpose(1, 2)))
+                    del a
+            grad_gx = torch.stack(gxs, 1).to(gx.dtype) if gxs else None
+            grad_gy = torch.stack(gys, 1).to(gy.dtype) if gys else None
+        return grad_p, grad_gx, grad_gy
+
+
     """
     idx = torch.arange(size, device=sigma.device, dtype=sigma.dtype)
     diff = idx[:, None] - idx[None, :]  # i - j
@@ -114,6 +172,7 @@ class SeparableGaussianMixer(nn.Module):
             dtype=None,
     ) -> None:
         super().__init__()
+            mixing: str = 'accumulate',
         dd = {'device': device, 'dtype': dtype}
         if dim % num_heads:
             raise ValueError(f'dim ({dim}) must be divisible by num_heads ({num_heads}).')
@@ -126,7 +185,12 @@ class SeparableGaussianMixer(nn.Module):
         self.num_gaussians = num_gaussians
         self.prefix_mixing = prefix_mixing
         self.init_sigmas = init_sigmas
-        self.recompute_mixing = recompute_mixing
+        if mixing not in ('accumulate', 'einsum'):
+            raise ValueError(f"mixing must be 'accumulate' or 'einsum', got {mixing!r}.")
+        self.recompute_mixing = recompute_mixing  # einsum path only: the accumulate path always recomputes
+        # 'accumulate': one Gaussian component at a time, never K copies of the values (the default, least memory);
+        # 'einsum': all components in two einsums through a K-fold intermediate (see docs/benchmark.md)
+        self.mixing = mixing
         self.v = nn.Linear(dim, dim, bias=bias, **dd)
         self.proj = nn.Linear(dim, dim, bias=bias, **dd)
         self.proj_drop = nn.Dropout(proj_drop)
@@ -182,7 +246,12 @@ class SeparableGaussianMixer(nn.Module):
         gy = gy * mix[..., None, None].to(gy)
         vp = v[:, num_prefix:].reshape(B, H, W, self.num_heads, self.head_dim)
         gx, gy = gx.to(v.dtype), gy.to(v.dtype)
-        if torch.is_grad_enabled() and self.recompute_mixing:
+        if self.mixing == 'accumulate':
+            # head-major [heads, H, W, B * d]: both axes become plain bmm, one component at a time
+            p = vp.permute(3, 1, 2, 0, 4).reshape(self.num_heads, H, W, B * self.head_dim)
+            y = _SeparableMixFn.apply(p, gx, gy)
+            y = y.reshape(self.num_heads, H, W, B, self.head_dim).permute(3, 1, 2, 0, 4)
+        elif torch.is_grad_enabled() and self.recompute_mixing:
             # the x-axis result is K times the values: recompute it in backward instead of keeping it
             y = checkpoint(_separable_mix, vp, gx, gy, use_reentrant=False)
         else:
@@ -248,7 +317,8 @@ MIXERS = {
 # the options each mixer takes; a trunk passes the union and each mixer keeps its own
 MIXER_OPTIONS = {
     'attention': ('attn_drop', 'proj_drop'),
-    'ssog': ('num_gaussians', 'learn_offset', 'prefix_mixing', 'init_sigmas', 'recompute_mixing', 'proj_drop'),
+    'ssog': ('num_gaussians', 'learn_offset', 'prefix_mixing', 'init_sigmas', 'recompute_mixing', 'mixing',
+             'proj_drop'),
     'identity': (),
 }
 
