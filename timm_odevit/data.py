@@ -10,10 +10,12 @@ The sample in ``tests/data/fashion_mnist_sample/`` holds 1,000 test images drawn
 (``make_sample``), in the same IDX format, for tests and the demo.
 """
 import gzip
+import hashlib
 import logging
 import os
 import shutil
 import struct
+import tempfile
 from pathlib import Path
 from typing import Any, Callable, Dict, Optional, Sequence, Tuple, Union
 
@@ -24,7 +26,8 @@ from torch import nn
 __all__ = [
     'DEBIAN_FASHION_MNIST', 'FASHION_MNIST_CLASSES', 'FASHION_MNIST_MEAN', 'FASHION_MNIST_STD', 'IDX_FILES',
     'SAMPLE_DIR', 'GreyToChannels', 'fashion_mnist_dataset', 'fashion_mnist_transform', 'layout_fashion_mnist',
-    'load_tensors', 'make_sample', 'find_source', 'split_size',
+    'load_tensors', 'make_sample', 'find_source', 'split_size', 'cache_root', 'prepare_fashion_mnist', 'augment_batch',
+    'ImageSubset', 'build_dataset',
 ]
 
 _logger = logging.getLogger(__name__)
@@ -71,6 +74,47 @@ def _write_empty_idx(path: Path, images: bool) -> None:
     path.write_bytes(struct.pack('>HBB', 0, 8, len(dims)) + struct.pack(f'>{len(dims)}i', *dims))
 
 
+def _idx_dims(path: Path) -> Tuple[int, ...]:
+    """The dimensions an IDX file's header declares (the file may be gzipped)."""
+    opener = gzip.open if path.suffix == '.gz' else open
+    with opener(path, 'rb') as f:
+        head = f.read(4)
+        if len(head) < 4 or head[:3] != b'\x00\x00\x08':
+            raise ValueError(f'{path} is not a uint8 IDX file.')
+        ndim = head[3]
+        return struct.unpack(f'>{ndim}i', f.read(4 * ndim))
+
+
+def _source_counts(src: Path) -> Dict[str, Optional[int]]:
+    """split -> number of images ``src`` holds (None where ``src`` lacks that split)."""
+    counts: Dict[str, Optional[int]] = {}
+    for split, names in IDX_FILES.items():
+        found = [_find_idx(src, n) for n in names]
+        if any(f is None for f in found):
+            counts[split] = None
+            continue
+        n_img, n_lbl = (_idx_dims(f)[0] for f in found)
+        if n_img != n_lbl:
+            raise ValueError(f'{src} is corrupt: {n_img} {split} images but {n_lbl} labels.')
+        counts[split] = n_img
+    return counts
+
+
+def _layout_ok(raw: Path, counts: Dict[str, Optional[int]]) -> bool:
+    """Every file is there, its size is what its header declares, and it holds as many items as the source."""
+    for split, names in IDX_FILES.items():
+        for name in names:
+            path = raw / name
+            try:
+                dims = _idx_dims(path)
+            except (OSError, ValueError, struct.error):
+                return False
+            header = 4 + 4 * len(dims)
+            if path.stat().st_size != header + int(np.prod(dims)) or dims[0] != (counts[split] or 0):
+                return False
+    return True
+
+
 def layout_fashion_mnist(src: Optional[PathLike] = None, root: PathLike = 'data') -> Path:
     """Lay the IDX files in ``src`` out as ``<root>/FashionMNIST/raw/`` (uncompressed), which torchvision reads.
 
@@ -79,38 +123,69 @@ def layout_fashion_mnist(src: Optional[PathLike] = None, root: PathLike = 'data'
         root: Target root; pass it as ``root=`` to torchvision or ``--data-dir`` to timm's train.py/validate.py.
 
     Returns:
-        ``root`` as a Path. Files already in place with the right size are kept. A split missing from ``src`` (the
-        sample has no training split) is written as an empty IDX file, because torchvision checks all four exist.
+        ``root`` as a Path. A layout already there is kept when every file has the size its header declares and as
+        many items as the source; otherwise (an interrupted or poisoned copy) it is rebuilt. The layout is written
+        to a temporary folder and renamed into place, so no reader ever sees half of it. A split missing from
+        ``src`` (the sample has no training split) is written as an empty IDX file: torchvision checks all four exist.
     """
     src = Path(src) if src is not None else find_source()
-    raw = Path(root) / 'FashionMNIST' / 'raw'
-    raw.mkdir(parents=True, exist_ok=True)
-    found_any = False
-    for split, names in IDX_FILES.items():
-        found = [_find_idx(src, n) for n in names]
-        if any(f is None for f in found):
-            _logger.info('%s has no %s split; writing an empty one so torchvision opens the folder', src, split)
-            for n, is_img in zip(names, (True, False)):
-                if not (raw / n).is_file():
-                    _write_empty_idx(raw / n, is_img)
-            continue
-        found_any = True
-        for f, n in zip(found, names):
-            dst = raw / n
-            # an existing file is complete: it only ever appears through the atomic rename below
-            if dst.is_file():
-                continue
-            opener = gzip.open if f.suffix == '.gz' else open
-            tmp = dst.with_name(f'{dst.name}.{os.getpid()}.tmp')
-            # decompress to a temporary name then rename: an interrupted copy never looks complete
-            with opener(f, 'rb') as fin, open(tmp, 'wb') as fout:
-                shutil.copyfileobj(fin, fout)
-            os.replace(tmp, dst)
-    if not found_any:
+    if not src.is_dir():
+        raise FileNotFoundError(f'{src} does not exist: pass a folder of Fashion-MNIST IDX files, or install Debian\'s '
+                                '`dataset-fashion-mnist` (apt-get install -y dataset-fashion-mnist, as root).')
+    counts = _source_counts(src)
+    if all(n is None for n in counts.values()):
         raise FileNotFoundError(
             f'{src} holds no Fashion-MNIST IDX files (expected e.g. {IDX_FILES["test"][0]}[.gz]). Install Debian\'s '
             '`dataset-fashion-mnist` or point src at a folder of the IDX files.')
+    target = Path(root) / 'FashionMNIST'
+    if _layout_ok(target / 'raw', counts):
+        return Path(root)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix='.FashionMNIST.', dir=target.parent))
+    try:
+        (tmp / 'raw').mkdir()
+        for split, names in IDX_FILES.items():
+            if counts[split] is None:
+                _logger.info('%s has no %s split; writing an empty one so torchvision opens the folder', src, split)
+            for name, is_img in zip(names, (True, False)):
+                if counts[split] is None:
+                    _write_empty_idx(tmp / 'raw' / name, is_img)
+                    continue
+                f = _find_idx(src, name)
+                opener = gzip.open if f.suffix == '.gz' else open
+                with opener(f, 'rb') as fin, open(tmp / 'raw' / name, 'wb') as fout:
+                    shutil.copyfileobj(fin, fout)
+        if not _layout_ok(tmp / 'raw', counts):
+            raise ValueError(f'{src} is corrupt: its IDX files are shorter than their headers declare.')
+        if target.exists():
+            # a bad layout is moved aside first (a rename, so a reader holding it open keeps its files)
+            stale = Path(tempfile.mkdtemp(prefix='.FashionMNIST.stale.', dir=target.parent))
+            os.replace(target, stale / 'FashionMNIST')
+            shutil.rmtree(stale, ignore_errors=True)
+        try:
+            os.replace(tmp, target)
+        except OSError:
+            # another process renamed its (equally valid) layout in first
+            if not _layout_ok(target / 'raw', counts):
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
     return Path(root)
+
+
+def cache_root(src: PathLike) -> Path:
+    """The one cache folder for a laid-out source: ``$XDG_CACHE_HOME/timm_odevit/fashion_mnist/<name>-<hash>``
+    (``~/.cache`` without XDG_CACHE_HOME); the hash of the source's path keeps two folders of one name apart."""
+    src = Path(src).resolve()
+    base = Path(os.environ.get('XDG_CACHE_HOME') or Path.home() / '.cache') / 'timm_odevit' / 'fashion_mnist'
+    return base / f'{src.name}-{hashlib.sha256(str(src).encode()).hexdigest()[:8]}'
+
+
+def prepare_fashion_mnist(src: Optional[PathLike] = None) -> Path:
+    """``src`` (default: Debian's package, else the bundled sample) laid out in its cache folder; returns the root
+    to pass to torchvision's FashionMNIST (checked, and rebuilt when bad, on every call)."""
+    src = Path(src) if src is not None else find_source()
+    return layout_fashion_mnist(src, cache_root(src))
 
 
 class GreyToChannels(nn.Module):
@@ -164,13 +239,10 @@ def fashion_mnist_dataset(
     return FashionMNIST(str(root), train=split == 'train', transform=transform, download=False)
 
 
-def _laid_out_dataset(src: Optional[PathLike], split: str, cache_root: Optional[PathLike] = None,
+def _laid_out_dataset(src: Optional[PathLike], split: str, cache: Optional[PathLike] = None,
                       transform: Optional[Callable] = None) -> Any:
-    src = Path(src) if src is not None else find_source()
-    if cache_root is None:
-        cache_root = Path(os.environ.get('XDG_CACHE_HOME', Path.home() / '.cache')) / 'timm_odevit' / 'fashion_mnist'
-        cache_root = cache_root / src.resolve().name
-    return fashion_mnist_dataset(layout_fashion_mnist(src, cache_root), split, transform=transform)
+    root = prepare_fashion_mnist(src) if cache is None else layout_fashion_mnist(src, cache)
+    return fashion_mnist_dataset(root, split, transform=transform)
 
 
 def split_size(src: Optional[PathLike] = None, split: str = 'train') -> int:
@@ -193,7 +265,7 @@ def load_tensors(
         src: IDX folder (default: Debian's package, else the sample). Laid out under ``cache_root`` first.
         split: 'train' or 'test'.
         model: The model whose pretrained cfg decides size, channels, mean and std.
-        cache_root: Where to lay the files out (default: ``~/.cache/timm_odevit/fashion_mnist/<name of src>``).
+        cache_root: Where to lay the files out (default: ``cache_root(src)``, the one cache folder).
         limit: Keep the first ``limit`` images only.
         indices: Keep these images only (in this order); overrides ``limit``.
         **data_args: Overrides for resolve_data_config (e.g. input_size, mean, std).
@@ -205,6 +277,94 @@ def load_tensors(
         raise ValueError(f'{src} has no {split} images.')
     xs, ys = zip(*(ds[int(i)] for i in indices))
     return torch.stack(xs), torch.tensor(ys)
+
+
+AUGMENT_SHIFT = 2
+
+
+def augment_batch(x: torch.Tensor, shift: int = AUGMENT_SHIFT, generator: Optional[torch.Generator] = None,
+                  ) -> torch.Tensor:
+    """Flip each image of a [B, C, H, W] batch left-right with probability 1/2, then shift it by up to ``shift``
+    pixels each way (edge-padded), independently per image: the augmentation of the published SSoG weights."""
+    b, _, h, w = x.shape
+    dev = x.device
+    flip = torch.rand(b, generator=generator, device=generator.device if generator else dev).to(dev) < 0.5
+    x = torch.where(flip[:, None, None, None], x.flip(-1), x)
+    # edge padding: the garment's background continues, where zeros would be a bright frame after normalisation
+    padded = nn.functional.pad(x, (shift,) * 4, mode='replicate')
+    dy, dx = torch.randint(0, 2 * shift + 1, (2, b), generator=generator,
+                           device=generator.device if generator else dev).to(dev)
+    rows = (dy[:, None] + torch.arange(h, device=dev))[:, :, None]
+    cols = (dx[:, None] + torch.arange(w, device=dev))[:, None, :]
+    return padded[torch.arange(b, device=dev)[:, None, None], :, rows, cols].permute(0, 3, 1, 2)
+
+
+class ImageSubset(torch.utils.data.Dataset):
+    """A dataset as PIL images of one ``mode`` ('RGB' or 'L'), optionally a fixed subset; ``transform`` is what
+    timm's ``create_loader`` sets.
+
+    Grey datasets (Fashion-MNIST) become 3 channels for 3-channel models (a teacher's input normalisation, 3 means,
+    then applies unchanged); mode 'L' keeps them grey for 1-channel models.
+    """
+
+    def __init__(self, base: torch.utils.data.Dataset, indices: Optional[Sequence[int]] = None,
+                 mode: str = 'RGB') -> None:
+        if mode not in ('RGB', 'L'):
+            raise ValueError(f"mode must be 'RGB' or 'L', got {mode!r}.")
+        self.base = base
+        self.mode = mode
+        if hasattr(base, 'transform'):
+            base.transform = None  # this wrapper applies the transform after the mode conversion
+        self.indices = list(indices) if indices is not None else None
+        self.transform: Optional[Callable] = None
+
+    def __len__(self) -> int:
+        return len(self.indices) if self.indices is not None else len(self.base)
+
+    def __getitem__(self, index: int) -> Tuple[Any, int]:
+        img, target = self.base[self.indices[index] if self.indices is not None else index]
+        if hasattr(img, 'convert'):
+            img = img.convert(self.mode)
+        if self.transform is not None:
+            img = self.transform(img)
+        return img, int(target)
+
+
+def build_dataset(
+        name: str,
+        root: Optional[PathLike],
+        split: str,
+        num_samples: Optional[int] = None,
+        seed: int = 0,
+        mode: str = 'RGB',
+) -> ImageSubset:
+    """A training or validation set for ``python -m timm_odevit.train``.
+
+    Args:
+        name: 'fashion_mnist' (offline: ``root`` is a folder of the IDX files, default Debian's package, laid out in
+            the one cache folder), or any timm ``create_dataset`` name ('' for an image folder, 'torch/cifar10', ...).
+        root: Dataset folder (``--data-dir``).
+        split: 'train', or 'test' / 'validation' / 'val' (Fashion-MNIST's test split); a folder name otherwise.
+        num_samples: Keep a fixed random subset of this many (the same on every rank and run, drawn with ``seed``).
+        mode: 'RGB' or 'L' (grey).
+    """
+    if num_samples is not None and num_samples < 1:
+        raise ValueError(f'A subset needs at least one sample, got {num_samples}; leave the option out for all.')
+    if root is not None and not Path(root).is_dir():
+        raise FileNotFoundError(f'Data folder {root} does not exist.')
+    if name == 'fashion_mnist':
+        fm_split = 'train' if split in ('train', 'training') else 'test'
+        base = fashion_mnist_dataset(prepare_fashion_mnist(root), fm_split)
+    else:
+        from timm.data import create_dataset
+        base = create_dataset(name, root=root, split=split, download=False)
+    if len(base) == 0:
+        raise ValueError(f'The {split!r} split of {name or "the image folder"} at {root} is empty.')
+    indices = None
+    if num_samples is not None and num_samples < len(base):
+        g = torch.Generator().manual_seed(seed)
+        indices = torch.randperm(len(base), generator=g)[:num_samples].tolist()
+    return ImageSubset(base, indices, mode)
 
 
 def _write_idx(path: Path, arr: np.ndarray) -> None:
@@ -224,7 +384,6 @@ def make_sample(
 
     Returns the indices chosen and the class counts.
     """
-    import tempfile
     with tempfile.TemporaryDirectory() as tmp:
         ds = fashion_mnist_dataset(layout_fashion_mnist(src, tmp), 'test')
         idx = np.sort(np.random.default_rng(seed).choice(len(ds), size=n, replace=False))

@@ -1,0 +1,413 @@
+"""``python -m timm_odevit.train``: the one training command, on timm's stack.
+
+A model trains alone (timm's ``ClassificationTask``), or with ``--teacher`` as a student whose depth trajectory a
+discrete teacher guides (``TrajectoryDistillationTask``). Data: Fashion-MNIST offline (``--dataset fashion_mnist``,
+the default; ``--data-dir`` a folder of its IDX files) or any timm ``create_dataset`` name. timm's
+``create_loader``, ``create_optimizer_v2``, ``create_scheduler_v2`` (warm-up then cosine, stepped every update),
+``ModelEmaV3`` (``--model-ema``) and ``CheckpointSaver`` (``--resume``). Each run gets a folder holding its command,
+its log, ``summary.csv``, ``results.json`` (validation after every epoch) and its checkpoints.
+Multi-process: ``torchrun --nproc_per_node N -m timm_odevit.train ...`` (DDP; gloo on CPU; a teacher is never
+wrapped or updated).
+"""
+import argparse
+import hashlib
+import json
+import logging
+import os
+import shlex
+import sys
+import time
+from datetime import datetime
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+import torch
+import torch.distributed as dist
+import timm
+from timm.data import create_loader, resolve_data_config
+from timm.optim import create_optimizer_v2
+from timm.scheduler import create_scheduler_v2
+from timm.task import ClassificationTask, DistillationTeacher, load_task_ema_checkpoint, resume_task_checkpoint
+from timm.utils import (
+    AverageMeter, CheckpointSaver, ParseKwargs, dispatch_clip_grad, get_outdir, random_seed,
+    setup_default_logging, unwrap_model, update_summary,
+)
+from timm.utils.distributed import init_distributed_device_so
+
+from ..data import FASHION_MNIST_MEAN, FASHION_MNIST_STD, augment_batch, build_dataset
+from ..distill import LOSS_KEYS, TrajectoryDistillationTask, indices_to_times
+from ..evaluate import evaluate
+from .checkpoint import checkpoint_args, read_checkpoint
+
+__all__ = ['parse_args', 'build_task', 'format_command', 'main', 'PROG']
+
+_logger = logging.getLogger('timm_odevit.train')
+
+PROG = 'python -m timm_odevit.train'
+# options that say where a run goes or how it logs, not what it trains: a card's command leaves them out
+RUN_PLACE_OPTIONS = ('output', 'experiment', 'resume', 'log_interval', 'checkpoint_hist', 'device', 'workers')
+# options a resumed run must share with its checkpoint: anything else would load into another model
+ARCH_OPTIONS = ('model', 'model_kwargs', 'num_classes', 'in_chans', 'teacher')
+
+
+def _floats(text: str) -> List[float]:
+    return [float(v) for v in text.split(',') if v.strip()]
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog=PROG, description=__doc__, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    g = p.add_argument_group('model')
+    g.add_argument('--model', default='ssog_vit_tiny_patch4_32', help='any timm model (timm_odevit registers ours)')
+    g.add_argument('--model-kwargs', nargs='*', default={}, action=ParseKwargs, metavar='K=V',
+                   help='constructor kwargs, e.g. depth=6 ode_steps=12')
+    g.add_argument('--num-classes', type=int, default=10)
+    g.add_argument('--in-chans', type=int, default=1, choices=(1, 3),
+                   help='1 trains on grey images (Fashion-MNIST as it is), 3 on RGB copies (what a teacher expects)')
+    g = p.add_argument_group('data')
+    g.add_argument('--dataset', default='fashion_mnist',
+                   help="'fashion_mnist' (built in, offline) or a timm create_dataset name ('' = image folder)")
+    g.add_argument('--data-dir', default=None,
+                   help="dataset folder (fashion_mnist: its IDX files; default Debian's dataset-fashion-mnist)")
+    g.add_argument('--train-split', default='train')
+    g.add_argument('--val-split', default='test')
+    g.add_argument('--train-samples', type=int, default=None, help='train on a fixed random subset of this size')
+    g.add_argument('--val-samples', type=int, default=None, help='validate on a fixed random subset of this size')
+    g.add_argument('--mean', type=float, nargs='+', default=None, help="input mean (default: the model cfg's)")
+    g.add_argument('--std', type=float, nargs='+', default=None, help="input std (default: the model cfg's)")
+    g.add_argument('--augment', action='store_true',
+                   help='random horizontal flip and a shift of up to 2 px per image (edge-padded)')
+    g.add_argument('--workers', type=int, default=0)
+    g = p.add_argument_group('distillation (with --teacher)')
+    g.add_argument('--teacher', default=None,
+                   help='teacher: a timm name (vit_*, dense_vit_*, ssog_vit_*) or hf-hub:org/repo; none = train alone')
+    g.add_argument('--teacher-checkpoint', default='', help='weights for the teacher (a checkpoint this command saved)')
+    g.add_argument('--teacher-kwargs', nargs='*', default={}, action=ParseKwargs, metavar='K=V',
+                   help='e.g. img_size=32 patch_size=4')
+    g.add_argument('--times', default='uniform', help="'uniform', 'paper', or comma-separated student times")
+    g.add_argument('--time-indices', default=None, help='comma-separated solver grid indices instead of times')
+    g.add_argument('--teacher-indices', default=None, help='teacher blocks to distil (comma list, or n = last n)')
+    g.add_argument('--state-tokens', default='cls', choices=('cls', 'all'))
+    g.add_argument('--state-weight', type=float, default=0.5)
+    g.add_argument('--attn-weight', type=float, default=None,
+                   help='CLS attention L1 weight (default 0.25 when both models have attention maps, else 0)')
+    g.add_argument('--kd-weight', type=float, default=0.)
+    g.add_argument('--kd-temperature', type=float, default=1.)
+    g.add_argument('--ce-weight', type=float, default=1.)
+    g.add_argument('--ce-start-epoch', type=int, default=0)
+    g.add_argument('--jasmin-weight', type=float, default=None,
+                   help='JaSMin weight (default 1 when the student has attention maps, else 0)')
+    g.add_argument('--jasmin-k', type=int, default=2)
+    g.add_argument('--jasmin-detach', action='store_true', help="released ODE-ViT code's detached JaSMin (no grad)")
+    g.add_argument('--no-init-from-teacher', action='store_true', help='do not copy stem and head from the teacher')
+    g.add_argument('--freeze-copied', action='store_true', help='freeze the parts copied from the teacher')
+    g = p.add_argument_group('optimisation')
+    g.add_argument('--epochs', type=int, default=10)
+    g.add_argument('--batch-size', type=int, default=64)
+    g.add_argument('--opt', default='adamw')
+    g.add_argument('--lr', type=float, default=1e-3)
+    g.add_argument('--weight-decay', type=float, default=0.05)
+    g.add_argument('--sched', default='cosine')
+    g.add_argument('--warmup-epochs', type=int, default=0)
+    g.add_argument('--warmup-lr', type=float, default=1e-5)
+    g.add_argument('--min-lr', type=float, default=1e-5)
+    g.add_argument('--clip-grad', type=float, default=1.0)
+    g.add_argument('--model-ema', action='store_true', help="keep an EMA of the weights (timm's ModelEmaV3)")
+    g.add_argument('--model-ema-decay', type=float, default=0.998)
+    g.add_argument('--max-steps-per-epoch', type=int, default=None, help='cut each epoch short (smoke runs)')
+    g = p.add_argument_group('run')
+    g.add_argument('--amp', default='', choices=('', 'bf16'),
+                   help='bf16: forward and loss under bfloat16 autocast (CPU or CUDA); weights stay fp32')
+    g.add_argument('--torchcompile', nargs='?', const='inductor', default=None, metavar='BACKEND',
+                   help="torch.compile the trained module (backend 'inductor' when given without one)")
+    g.add_argument('--output', default='./output/train', help='parent of the run folders')
+    g.add_argument('--experiment', default='', help='run folder name (default: date, model, alone/guided)')
+    g.add_argument('--resume', default='', help='checkpoint to continue from (model, optimizer, epoch, EMA, task)')
+    g.add_argument('--checkpoint-hist', type=int, default=3)
+    g.add_argument('--seed', type=int, default=42)
+    g.add_argument('--device', default='cuda' if torch.cuda.is_available() else 'cpu')
+    g.add_argument('--log-interval', type=int, default=50)
+    return p
+
+
+def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
+    """The command line, checked: a bad value fails here with a message naming the option."""
+    p = _parser()
+    args = p.parse_args(argv)
+    for name in ('epochs', 'batch_size', 'train_samples', 'val_samples', 'max_steps_per_epoch'):
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            p.error(f'--{name.replace("_", "-")} must be at least 1, got {value}.')
+    if args.data_dir is not None and not os.path.isdir(args.data_dir):
+        p.error(f'--data-dir {args.data_dir} does not exist.')
+    if args.resume and not os.path.isfile(args.resume):
+        p.error(f'--resume {args.resume}: no such checkpoint.')
+    return args
+
+
+def format_command(args: Dict[str, Any], threads: Optional[int] = None) -> str:
+    """The command line that reruns a run (its options as a dict, e.g. a checkpoint's ``args``): the model, seed
+    and every option that differs from its default, none of the run's place (output, resume, ...)."""
+    parser = _parser()
+    parts = ([f'OMP_NUM_THREADS={threads}'] if threads else []) + PROG.split()
+    for action in parser._actions:  # argparse exposes no public list of its options
+        if not action.option_strings or action.dest in RUN_PLACE_OPTIONS or action.dest not in args:
+            continue
+        value, flag = args[action.dest], action.option_strings[0]
+        if value == action.default and action.dest not in ('model', 'seed', 'epochs'):
+            continue
+        if isinstance(action, argparse._StoreTrueAction):
+            parts += [flag] if value else []
+        elif isinstance(value, dict):
+            parts += [flag] + [f'{k}={v}' for k, v in value.items()]
+        elif isinstance(value, (list, tuple)):
+            parts += [flag] + [str(v) for v in value]
+        else:
+            parts += [flag, str(value)]
+    return ' '.join(shlex.quote(p) for p in parts)
+
+
+def build_task(args: argparse.Namespace, device: torch.device) -> torch.nn.Module:
+    """The model and its task from the command line: classification alone, or distillation with ``--teacher``."""
+    model = timm.create_model(args.model, num_classes=args.num_classes, in_chans=args.in_chans, **args.model_kwargs)
+    if not args.teacher:
+        return ClassificationTask(model, device=device)
+    t_kwargs = dict(args.teacher_kwargs)
+    if args.teacher.startswith('hf-hub:'):
+        teacher = timm.create_model(args.teacher, pretrained=True, checkpoint_path=args.teacher_checkpoint, **t_kwargs)
+    else:
+        t_kwargs.setdefault('num_classes', args.num_classes)
+        teacher = timm.create_model(args.teacher, checkpoint_path=args.teacher_checkpoint, **t_kwargs)
+    teacher = DistillationTeacher(teacher, device=device)
+    mixer = model.trunk.field_blocks()[-1].mixer
+    has_maps = bool(getattr(mixer, 'supports_attn_maps', False))
+    times: Any = args.times
+    if args.time_indices:
+        times = indices_to_times([int(i) for i in args.time_indices.split(',')], model).tolist()
+    elif args.times not in ('uniform', 'paper'):
+        times = _floats(args.times)
+    teacher_indices = None
+    if args.teacher_indices:
+        vals = [int(v) for v in args.teacher_indices.split(',')]
+        teacher_indices = vals[0] if len(vals) == 1 else vals
+    return TrajectoryDistillationTask(
+        model, teacher,
+        teacher_indices=teacher_indices,
+        times=times,
+        state_tokens=args.state_tokens,
+        state_loss_weight=args.state_weight,
+        attn_loss_weight=(0.25 if has_maps else 0.) if args.attn_weight is None else args.attn_weight,
+        kd_loss_weight=args.kd_weight,
+        kd_temperature=args.kd_temperature,
+        task_loss_weight=args.ce_weight,
+        task_loss_start_epoch=args.ce_start_epoch,
+        jasmin_weight=(1. if has_maps else 0.) if args.jasmin_weight is None else args.jasmin_weight,
+        jasmin_k=args.jasmin_k,
+        jasmin_detach=args.jasmin_detach,
+        init_from_teacher=not args.no_init_from_teacher,
+        freeze_copied=args.freeze_copied,
+        device=device,
+    )
+
+
+def input_stats(args: argparse.Namespace, data_cfg: Dict[str, Any]) -> Tuple[Tuple[float, ...], Tuple[float, ...]]:
+    """Normalisation for the inputs: --mean/--std, else the model cfg's, else (grey Fashion-MNIST) the dataset's."""
+    mean = tuple(args.mean) if args.mean else tuple(data_cfg['mean'])
+    std = tuple(args.std) if args.std else tuple(data_cfg['std'])
+    if args.in_chans == 1 and args.dataset == 'fashion_mnist':
+        mean = mean if args.mean else FASHION_MNIST_MEAN
+        std = std if args.std else FASHION_MNIST_STD
+    if len(mean) != args.in_chans or len(std) != args.in_chans:
+        raise ValueError(f'--in-chans {args.in_chans} needs {args.in_chans} mean and std values, got mean {mean} and '
+                         f'std {std}: pass --mean and --std.')
+    return mean, std
+
+
+def _check_resume(args: argparse.Namespace) -> None:
+    """Refuse a checkpoint of another architecture: its weights would load into the wrong model (an ODE model of
+    another depth has the same tensors) or fail deep inside timm."""
+    ckpt = read_checkpoint(args.resume)
+    saved = checkpoint_args(ckpt)
+    if not saved:
+        saved = {'model': ckpt.get('arch')}
+    mine = vars(args)
+    diff = [f'--{k.replace("_", "-")} {saved[k]!r} (now {mine[k]!r})' for k in ARCH_OPTIONS
+            if k in saved and saved[k] != mine[k] and (k != 'model_kwargs' or saved[k] or mine[k])]
+    if diff:
+        raise ValueError(f'--resume {args.resume} was trained with ' + ', '.join(diff)
+                         + ': resume with the same model options, or start a new run.')
+
+
+def _state_digest(module: torch.nn.Module) -> str:
+    """A hash of every tensor in a state dict: equal digests mean bit-identical weights."""
+    h = hashlib.sha256()
+    for k, v in unwrap_model(module).state_dict().items():
+        h.update(k.encode())
+        h.update(v.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()
+
+
+def _validate(task: torch.nn.Module, loader: Any, device: torch.device, amp_dtype: Optional[torch.dtype],
+              distributed: bool) -> Dict[str, Any]:
+    metrics = evaluate(task.get_eval_model(), loader, device, amp_dtype, distributed=distributed)
+    out = {k: metrics[k] for k in ('top1', 'loss', 'nfe')}
+    if task.has_ema():
+        ema = evaluate(task.get_eval_model(ema=True), loader, device, amp_dtype, distributed=distributed)
+        out.update({'ema_top1': ema['top1'], 'ema_loss': ema['loss']})
+    return out
+
+
+def _run_folder(args: argparse.Namespace) -> str:
+    name = args.experiment or '-'.join([datetime.now().strftime('%Y%m%d-%H%M%S'), args.model,
+                                        'guided' if args.teacher else 'alone'])
+    return get_outdir(args.output, name)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
+    """Train; returns the final metrics (also written to ``results.json`` in the run folder)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = parse_args(argv)
+    setup_default_logging()
+    if args.resume:
+        _check_resume(args)
+    info = init_distributed_device_so(device=args.device)
+    device, distributed = torch.device(info['device']), info['distributed']
+    rank, world = info['global_rank'], info['world_size']
+    primary = rank == 0
+    amp_dtype = torch.bfloat16 if args.amp == 'bf16' else None
+
+    # one seed for model creation on every rank: the teacher (never synchronised by DDP) must be the same everywhere
+    random_seed(args.seed, 0)
+    task = build_task(args, device).to(device)
+    model = unwrap_model(task.get_eval_model())
+    # inputs are normalised as the trained model's cfg says; a distillation task re-normalises them for the teacher
+    # (DistillationTeacher.normalize_input), so a teacher trained here by this command sees what it was trained on
+    data_cfg = resolve_data_config({}, model=model)
+    if getattr(getattr(model, 'patch_embed', None), 'img_size', None):
+        # a model built with img_size=32 keeps its 224-px pretrained cfg: the built size is what it accepts
+        data_cfg['input_size'] = (args.in_chans, *model.patch_embed.img_size)
+    mean, std = input_stats(args, data_cfg)
+    random_seed(args.seed, rank)  # per-rank randomness from here on (dropout, augmentation)
+
+    mode = 'L' if args.in_chans == 1 else 'RGB'
+    ds_train = build_dataset(args.dataset, args.data_dir, args.train_split, args.train_samples, args.seed, mode)
+    ds_eval = build_dataset(args.dataset, args.data_dir, args.val_split, args.val_samples, args.seed + 1, mode)
+    loader_args = dict(input_size=data_cfg['input_size'], mean=mean, std=std, num_workers=args.workers,
+                       distributed=distributed, device=device, use_prefetcher=False, crop_pct=1.0,
+                       persistent_workers=False)
+    loader_train = create_loader(ds_train, batch_size=args.batch_size, is_training=True, no_aug=True, **loader_args)
+    loader_eval = create_loader(ds_eval, batch_size=args.batch_size, is_training=False, **loader_args)
+
+    optimizer = create_optimizer_v2(task.get_trainable_module(), opt=args.opt, lr=args.lr,
+                                    weight_decay=args.weight_decay)
+    start_epoch = 0
+    if args.resume:
+        start_epoch = resume_task_checkpoint(task, args.resume, optimizer=optimizer, log_info=primary) or 0
+    if args.model_ema:
+        task.setup_ema(decay=args.model_ema_decay)
+        if args.resume:
+            load_task_ema_checkpoint(task, args.resume)
+    if args.torchcompile:
+        # after resume (the checkpoint's keys are the plain module's) and before DDP, as timm's train.py does;
+        # saved state dicts are unwrapped again, so checkpoints never carry the '_orig_mod.' prefix
+        task.compile(backend=args.torchcompile)
+    if distributed:
+        task.prepare_distributed()
+
+    updates_per_epoch = len(loader_train) if args.max_steps_per_epoch is None else \
+        min(len(loader_train), args.max_steps_per_epoch)
+    scheduler, num_epochs = create_scheduler_v2(
+        optimizer, sched=args.sched, num_epochs=args.epochs, warmup_epochs=args.warmup_epochs,
+        warmup_lr=args.warmup_lr, min_lr=args.min_lr, step_on_epochs=False,
+        updates_per_epoch=updates_per_epoch)  # lr moves every step: short runs need it
+    if start_epoch > 0:
+        scheduler.step_update(num_updates=start_epoch * updates_per_epoch)
+
+    output_dir, saver, history = None, None, []
+    if primary:
+        output_dir = _run_folder(args)
+        file_log = logging.FileHandler(os.path.join(output_dir, 'train.log'))
+        file_log.setFormatter(logging.Formatter('%(asctime)s %(message)s'))
+        logging.getLogger().addHandler(file_log)
+        with open(os.path.join(output_dir, 'command.txt'), 'a') as f:
+            f.write(' '.join([PROG] + [shlex.quote(a) for a in argv]) + '\n')
+        saver = CheckpointSaver(model=model, optimizer=optimizer, args=args, task=task, checkpoint_dir=output_dir,
+                                recovery_dir=output_dir, decreasing=False, max_history=args.checkpoint_hist)
+        previous = os.path.join(output_dir, 'results.json')
+        if args.resume and os.path.dirname(os.path.abspath(args.resume)) == os.path.abspath(output_dir):
+            saver.load_state_dict_from_checkpoint(args.resume)
+            if os.path.isfile(previous):
+                # the epochs before the resume stay in the run's record
+                history = [h for h in json.load(open(previous)).get('history', []) if h['epoch'] < start_epoch]
+        n_train = sum(p.numel() for p in task.get_trainable_module().parameters() if p.requires_grad)
+        _logger.info(f'{args.model} ({n_train / 1e6:.3f}M trainable) '
+                     f"{'guided by ' + args.teacher if args.teacher else 'trained alone'}, {world} process(es), "
+                     f'{len(ds_train)} training images, epochs {start_epoch}..{num_epochs - 1}, '
+                     f'{updates_per_epoch} steps each, {args.amp or "fp32"}, output {output_dir}')
+
+    num_updates = start_epoch * updates_per_epoch
+    eval_metrics: Optional[Dict[str, Any]] = None
+    for epoch in range(start_epoch, num_epochs):
+        if distributed and hasattr(loader_train.sampler, 'set_epoch'):
+            loader_train.sampler.set_epoch(epoch)
+        if hasattr(task, 'set_epoch'):
+            task.set_epoch(epoch)
+        task.train()
+        meters = {k: AverageMeter() for k in ('loss',) + (LOSS_KEYS if args.teacher else ())}
+        t0 = time.time()
+        seen = 0
+        for step, (x, y) in enumerate(loader_train):
+            if step >= updates_per_epoch:
+                break
+            x, y = x.to(device), y.to(device)
+            if args.augment:
+                x = augment_batch(x)
+            with torch.autocast(device.type, dtype=amp_dtype or torch.bfloat16, enabled=amp_dtype is not None):
+                out = task(x, y)
+            optimizer.zero_grad(set_to_none=True)
+            out['loss'].backward()
+            if args.clip_grad:
+                dispatch_clip_grad(task.get_clip_parameters(), args.clip_grad)
+            optimizer.step()
+            num_updates += 1
+            task.update_ema(step=num_updates)
+            scheduler.step_update(num_updates=num_updates)
+            seen += x.shape[0] * world
+            for k, m in meters.items():
+                m.update(float(out[k].detach()), x.shape[0])
+            if primary and (step % args.log_interval == 0 or step == updates_per_epoch - 1):
+                terms = ' '.join(f'{k} {m.avg:.4f}' for k, m in meters.items())
+                _logger.info(f'epoch {epoch} [{step + 1}/{updates_per_epoch}] {terms} '
+                             f"lr {optimizer.param_groups[0]['lr']:.2e} {seen / (time.time() - t0):.1f} img/s")
+        train_seconds = time.time() - t0
+        eval_metrics = _validate(task, loader_eval, device, amp_dtype, distributed)
+        scheduler.step(epoch + 1, eval_metrics['top1'])
+        if primary:
+            _logger.info(f"epoch {epoch} val top1 {eval_metrics['top1']:.2f} loss {eval_metrics['loss']:.4f} "
+                         f'({train_seconds:.0f} s training, {seen / train_seconds:.1f} img/s)')
+            history.append({'epoch': epoch, 'train_loss': meters['loss'].avg,
+                            'images_per_second': seen / train_seconds, **eval_metrics})
+            saver.save_checkpoint(epoch, metric=eval_metrics['top1'])
+            update_summary(epoch, {k: m.avg for k, m in meters.items()},
+                           {k: v for k, v in eval_metrics.items() if v is not None},
+                           os.path.join(output_dir, 'summary.csv'), lr=optimizer.param_groups[0]['lr'])
+
+    if eval_metrics is None:
+        # nothing left to train (a finished run resumed): its metrics are measured again, never dropped
+        eval_metrics = _validate(task, loader_eval, device, amp_dtype, distributed)
+    final = {**{k: v for k, v in (history[-1] if history else {}).items() if k != 'epoch'}, **eval_metrics}
+    digest = _state_digest(task.get_eval_model())
+    digests = [digest]
+    if distributed:
+        # every rank reports its weights' hash: DDP training must leave them bit-identical
+        digests = [None] * world
+        dist.all_gather_object(digests, digest)
+    results = {'model': args.model, 'teacher': args.teacher, 'epochs': num_epochs, 'world_size': world,
+               'output_dir': output_dir, 'rank_state_sha256': digests, **final, 'history': history}
+    if primary:
+        with open(os.path.join(output_dir, 'results.json'), 'w') as f:
+            json.dump(results, f, indent=2)
+        _logger.info(f"done: top1 {results.get('top1', float('nan')):.2f}, results in {output_dir}/results.json")
+        logging.getLogger().removeHandler(file_log)
+        file_log.close()
+    if distributed:
+        dist.destroy_process_group()
+    return results
