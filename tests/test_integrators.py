@@ -144,11 +144,95 @@ def test_grad_checkpointing_same_gradients(method):
     torch.testing.assert_close(grads[0], grads[1])
 
 
-def test_prune_keeps_the_first_layers():
-    depth = OdeDepth(_block(), num_layers=12, steps=12)
+@pytest.mark.parametrize('steps', [12, 5, 7])
+def test_prune_keeps_the_first_layers(steps):
+    """Pruned or not, the trunk's outputs at the kept layers are the same solve on the same grid points, also when
+    the solver grid is not a multiple of the layers."""
+    depth = OdeDepth(_block(), num_layers=12, steps=steps)
     with torch.no_grad():
-        _, states = depth(_tokens(), GRID, take_indices=[4])
+        _, full = depth(_tokens(), GRID, take_indices=[2, 4])
+        _, early = depth(_tokens(), GRID, take_indices=[2, 4], stop_early=True)
         depth.prune(5)
-        out, _ = depth(_tokens(), GRID)
-    assert depth.steps == 5 and depth.t_end == 5.0
-    torch.testing.assert_close(out, states[0])
+        out, pruned = depth(_tokens(), GRID, take_indices=[2, 4])
+    assert depth.steps == steps and depth.t_end == 5.0 and depth.num_layers == 5
+    torch.testing.assert_close(out, full[1])
+    for a, b, c in zip(pruned, full, early):
+        torch.testing.assert_close(a, b)
+        torch.testing.assert_close(a, c)
+
+
+def _torchdiffeq_reference(depth, x, times):
+    """torchdiffeq's own solver on our grid: the library path the plain loop must reproduce."""
+    from timm_odevit.layers.integrators import field_constants
+    return depth._solve_torchdiffeq(x, GRID, list(times), field_constants(depth.block, GRID))
+
+
+@pytest.mark.parametrize('method,steps', [('euler', 12), ('midpoint', 5), ('heun2', 4), ('heun3', 7), ('rk4', 5)])
+def test_fixed_grid_loop_matches_torchdiffeq(method, steps):
+    """Same outputs and gradients as torchdiffeq's odeint on the same grid, at solver points and between them."""
+    x = _tokens().double().requires_grad_()
+    block = _block().double()
+    depth = OdeDepth(block, num_layers=12, method=method, steps=steps)
+    times = [1.0, 2.5, 7.0, 12.0]  # 2.5 falls between the points of every grid here: linear interpolation
+    results = []
+    for solve in (lambda: depth.solve(x, GRID, times), lambda: _torchdiffeq_reference(depth, x, times)):
+        out = solve()
+        nfe = depth.nfe
+        grads = torch.autograd.grad(out.square().sum(), [x] + list(block.parameters()))
+        results.append((out.detach(), grads, nfe))
+    (ours, our_grads, our_nfe), (ref, ref_grads, ref_nfe) = results
+    torch.testing.assert_close(ours, ref, rtol=1e-10, atol=1e-10)
+    for a, b in zip(our_grads, ref_grads):
+        torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-10)
+    assert our_nfe == ref_nfe
+
+
+def test_field_constants_computed_once_per_forward():
+    """The Gaussian kernels are built once per solve, not once per field evaluation."""
+    block = _block()
+    calls = []
+    kernels = block.mixer.kernels
+    block.mixer.kernels = lambda grid_size: calls.append(grid_size) or kernels(grid_size)
+    depth = OdeDepth(block, num_layers=12, method='rk4', steps=6)
+    with torch.no_grad():
+        depth(_tokens(), GRID)
+    assert depth.nfe == 24 and calls == [GRID]
+    calls.clear()
+    with torch.no_grad():
+        LoopedDepth(block, 6)(_tokens(), GRID)
+    assert calls == [GRID]
+
+
+def test_fixed_grid_cost_refused_early():
+    """A fixed grid whose evaluations exceed max_nfe is refused when set, with advice that applies to it."""
+    with pytest.raises(ValueError, match='4000000 function evaluations.*fewer steps, or raise max_nfe'):
+        OdeDepth(_block(), num_layers=12, method='rk4', steps=10 ** 6)
+    depth = OdeDepth(_block(), num_layers=12, method='rk4', steps=250)  # 1000 evaluations: at the cap, accepted
+    assert depth.steps == 250
+    depth.set_solver(steps=400, max_nfe=1600)
+    assert depth.max_nfe == 1600
+
+
+def test_solver_numbers_validated():
+    import numpy as np
+    depth = OdeDepth(_block(), num_layers=4, steps=np.int64(8))  # numpy integers are integers
+    assert depth.steps == 8 and type(depth.steps) is int
+    with pytest.raises(ValueError, match='positive integer'):
+        depth.set_solver(steps=True)
+    for bad in (float('inf'), float('nan'), -1.0, 0.0):
+        with pytest.raises(ValueError, match='t_end'):
+            OdeDepth(_block(), num_layers=4, t_end=bad)
+    with pytest.raises(ValueError, match='rtol and atol'):
+        depth.set_solver(rtol=float('inf'))
+
+
+def test_empty_batch_adaptive_says_so():
+    depth = OdeDepth(_block(), num_layers=2, method='dopri5')
+    x = torch.zeros(0, 10, 16)
+    try:
+        with torch.no_grad():
+            out, _ = depth(x, GRID)
+    except ValueError as e:
+        assert 'empty batch' in str(e)
+    else:
+        assert out.shape == x.shape

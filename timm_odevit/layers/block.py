@@ -11,8 +11,8 @@ from .norm import CenterNorm
 
 __all__ = ['FieldBlock']
 
-# sup |GELU'(x)|: GELU is Lipschitz with this constant
-GELU_LIPSCHITZ = 1.1289
+# sup |GELU'(x)| = 1.128904... (at x = sqrt(2)), rounded up so that the bound stays a bound
+GELU_LIPSCHITZ = 1.12891
 
 
 class FieldBlock(nn.Module):
@@ -48,8 +48,21 @@ class FieldBlock(nn.Module):
         self.mlp = Mlp(dim, int(dim * mlp_ratio), act_layer=act_layer, bias=bias, drop=proj_drop, **dd)
         self.drop_path = DropPath(drop_path) if drop_path > 0. else nn.Identity()
 
-    def forward(self, x: torch.Tensor, grid_size: Tuple[int, int]) -> torch.Tensor:
-        return self.drop_path(self.mixer(self.norm_mixer(x), grid_size) + self.mlp(self.norm_mlp(x)))
+    def field_constants(self, grid_size: Tuple[int, int]) -> Dict[str, Any]:
+        """What the mixer computes from its weights alone for a grid (SSoG kernels): a depth integrator asks once per
+        forward and passes it to every evaluation as ``forward(x, grid_size, **constants)``."""
+        fn = getattr(self.mixer, 'field_constants', None)
+        return {'mixer_constants': fn(grid_size)} if fn is not None else {}
+
+    def set_grad_checkpointing(self, enable: bool = True) -> None:
+        if hasattr(self.mixer, 'set_grad_checkpointing'):
+            self.mixer.set_grad_checkpointing(enable)
+
+    def forward(
+            self, x: torch.Tensor, grid_size: Tuple[int, int], mixer_constants: Optional[Dict[str, Any]] = None,
+    ) -> torch.Tensor:
+        mixed = self.mixer(self.norm_mixer(x), grid_size, **(mixer_constants or {}))
+        return self.drop_path(mixed + self.mlp(self.norm_mlp(x)))
 
     def forward_with_attn(self, x: torch.Tensor, grid_size: Tuple[int, int]) -> Tuple[torch.Tensor, torch.Tensor]:
         """The update and the mixer's attention maps [B, heads, N, N] (dense-attention mixers only)."""

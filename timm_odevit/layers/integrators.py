@@ -2,7 +2,9 @@
 
 - ``DiscreteDepth``: L distinct blocks, x <- x + f_l(x).
 - ``LoopedDepth``: one block applied L times, x <- x + f(x).
-- ``OdeDepth``: dx/dt = f(x) on [0, T] solved by torchdiffeq, with explicit method, steps and tolerances.
+- ``OdeDepth``: dx/dt = f(x) on [0, T]. Explicit Runge-Kutta methods on a fixed grid (euler, midpoint, heun2,
+  heun3, rk4) run as a plain Python loop whose grid is known before the solve: no host reads, no time tensors, one
+  graph under ``torch.compile``. Adaptive methods, Adams methods and the adjoint go through torchdiffeq.
 
 All three share one interface: ``forward(x, grid_size, take_indices)`` returns the final state and the states
 after the requested layers, and ``nfe`` holds the number of block evaluations of the last forward. A layer of an
@@ -10,18 +12,33 @@ ODE trunk is a point of a uniform output grid over [0, T] (T = number of layers 
 size 1 is exactly one looped block); the solver's own grid (method, steps) is independent of it and can be changed
 on a built model with ``set_solver``.
 """
-from typing import Dict, List, Optional, Sequence, Tuple
+import math
+import operator
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 from torchdiffeq import odeint, odeint_adjoint
-from torchdiffeq._impl.odeint import SOLVERS
 
-__all__ = ['DiscreteDepth', 'LoopedDepth', 'OdeDepth', 'OdeSolverError', 'FIXED_GRID_METHODS', 'ADAPTIVE_METHODS']
+__all__ = [
+    'DiscreteDepth', 'LoopedDepth', 'OdeDepth', 'OdeSolverError', 'FIXED_GRID_METHODS', 'ADAPTIVE_METHODS',
+    'RK_TABLEAUS',
+]
 
 ADAPTIVE_METHODS = ('dopri5', 'dopri8', 'bosh3', 'fehlberg2', 'adaptive_heun')
-FIXED_GRID_METHODS = tuple(m for m in SOLVERS if m not in ADAPTIVE_METHODS and m != 'scipy_solver')
+# explicit Runge-Kutta tableaus (a: stage matrix rows, b: weights), the same schemes torchdiffeq's fixed-grid
+# solvers use ('rk4' is its 3/8 rule), so our loop and torchdiffeq agree step for step
+RK_TABLEAUS: Dict[str, Tuple[Tuple[Tuple[float, ...], ...], Tuple[float, ...]]] = {
+    'euler': ((), (1.,)),
+    'midpoint': (((.5,),), (0., 1.)),
+    'heun2': (((1.,),), (.5, .5)),
+    'heun3': (((1 / 3,), (0., 2 / 3)), (.25, 0., .75)),
+    'rk4': (((1 / 3,), (-1 / 3, 1.), (1., -1., 1.)), (.125, .375, .375, .125)),
+}
+# multistep methods keep torchdiffeq's implementation on the same fixed grid
+FIXED_GRID_METHODS = tuple(RK_TABLEAUS) + ('explicit_adams', 'implicit_adams', 'fixed_adams')
+METHODS = FIXED_GRID_METHODS + ADAPTIVE_METHODS
 
 
 class OdeSolverError(RuntimeError):
@@ -38,12 +55,27 @@ class _DepthBase(nn.Module):
 
     def set_grad_checkpointing(self, enable: bool = True) -> None:
         self.grad_checkpointing = enable
+        for block in self.field_blocks():
+            if hasattr(block, 'set_grad_checkpointing'):
+                block.set_grad_checkpointing(enable)
 
-    def _apply_block(self, block: nn.Module, x: torch.Tensor, grid_size: Tuple[int, int]) -> torch.Tensor:
+    def field_blocks(self) -> List[nn.Module]:
+        raise NotImplementedError
+
+    def _apply_block(
+            self, block: nn.Module, x: torch.Tensor, grid_size: Tuple[int, int], constants: Dict[str, Any],
+    ) -> torch.Tensor:
         self.nfe += 1
         if self.grad_checkpointing and torch.is_grad_enabled() and not torch.jit.is_scripting():
-            return checkpoint(block, x, grid_size, use_reentrant=False)
-        return block(x, grid_size)
+            return checkpoint(block, x, grid_size, use_reentrant=False, **constants)
+        return block(x, grid_size, **constants)
+
+
+def field_constants(block: nn.Module, grid_size: Tuple[int, int]) -> Dict[str, Any]:
+    """What a field needs that does not depend on the state (the Gaussian kernels of a grid), computed once per
+    forward instead of once per evaluation; blocks without ``field_constants`` need nothing."""
+    fn = getattr(block, 'field_constants', None)
+    return fn(grid_size) if fn is not None else {}
 
 
 class _ResidualDepth(_DepthBase):
@@ -51,6 +83,10 @@ class _ResidualDepth(_DepthBase):
 
     def block_at(self, i: int) -> nn.Module:
         raise NotImplementedError
+
+    def shared_block(self) -> Optional[nn.Module]:
+        """The one block every layer applies, if the layers share it (its constants are then computed once)."""
+        return None
 
     def forward(
             self,
@@ -63,8 +99,12 @@ class _ResidualDepth(_DepthBase):
         take = set(take_indices or ())
         last = max(take) if (take and stop_early) else self.num_layers - 1
         states = []
+        shared = self.shared_block()
+        constants = field_constants(shared, grid_size) if shared is not None else None
         for i in range(last + 1):
-            x = x + self._apply_block(self.block_at(i), x, grid_size)
+            block = self.block_at(i)
+            x = x + self._apply_block(
+                block, x, grid_size, constants if constants is not None else field_constants(block, grid_size))
             if i in take:
                 states.append(x)
         return x, states
@@ -108,6 +148,9 @@ class LoopedDepth(_ResidualDepth):
     def block_at(self, i: int) -> nn.Module:
         return self.block
 
+    def shared_block(self) -> Optional[nn.Module]:
+        return self.block
+
     def field_blocks(self) -> List[nn.Module]:
         return [self.block]
 
@@ -121,11 +164,15 @@ class LoopedDepth(_ResidualDepth):
 class _OdeFunc(nn.Module):
     """What torchdiffeq calls: the autonomous field, counting and guarding its evaluations."""
 
-    def __init__(self, owner: 'OdeDepth', grid_size: Tuple[int, int], check_finite: bool) -> None:
+    def __init__(
+            self, owner: 'OdeDepth', grid_size: Tuple[int, int], constants: Dict[str, Any], check_finite: bool,
+    ) -> None:
         super().__init__()
         self.block = owner.block
         self.grid_size = grid_size
+        self.constants = constants
         self.check_finite = check_finite
+        self.adaptive = owner.adaptive
         self.max_nfe = owner.max_nfe
         self.counts = owner.nfe_counts
         self.phase = 'forward'
@@ -133,7 +180,7 @@ class _OdeFunc(nn.Module):
 
     def forward(self, t: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         self.counts[self.phase] += 1
-        if self.phase == 'forward' and self.counts['forward'] > self.max_nfe:
+        if self.adaptive and self.phase == 'forward' and self.counts['forward'] > self.max_nfe:
             raise OdeSolverError(
                 f'ODE solve exceeded max_nfe={self.max_nfe} function evaluations at t={float(t):.4g}. The dynamics '
                 'are too stiff for the tolerances: loosen rtol/atol, use a fixed-grid method (e.g. '
@@ -143,23 +190,33 @@ class _OdeFunc(nn.Module):
                 f'ODE state became non-finite (NaN/Inf) at t={float(t):.4g} after {self.counts[self.phase]} '
                 'evaluations. Check the input for NaNs, lower the learning rate, or use a fixed-grid method.')
         if self.use_checkpoint and torch.is_grad_enabled():
-            return checkpoint(self.block, x, self.grid_size, use_reentrant=False)
-        return self.block(x, self.grid_size)
+            return checkpoint(self.block, x, self.grid_size, use_reentrant=False, **self.constants)
+        return self.block(x, self.grid_size, **self.constants)
+
+
+def _lerp(t0: float, t1: float, y0: torch.Tensor, y1: torch.Tensor, t: float) -> torch.Tensor:
+    """The state at t between two solver points, by linear interpolation (torchdiffeq's fixed-grid default)."""
+    return y0 + (y1 - y0) * ((t - t0) / (t1 - t0))
 
 
 class OdeDepth(_DepthBase):
-    """Continuous depth: dx/dt = f(x) on [0, t_end], solved with torchdiffeq.
+    """Continuous depth: dx/dt = f(x) on [0, t_end].
+
+    Explicit Runge-Kutta methods (``RK_TABLEAUS``) step a fixed grid in a plain loop; the grid is Python floats, so
+    a forward reads nothing back from the device and compiles to one graph. Adaptive methods, Adams methods and
+    ``adjoint=True`` are solved by torchdiffeq on the same grid (adaptive ones with ``rtol``/``atol``).
 
     Args:
         block: the vector field (autonomous: it takes no t).
         num_layers: number of uniformly spaced output points over (0, t_end] that act as this trunk's layers
             (for forward_intermediates, features_only and distillation targets).
         t_end: end of the interval; defaults to num_layers, so Euler with step 1 is the looped trunk.
-        method: any torchdiffeq method; fixed-grid ones use ``steps`` uniform steps, adaptive ones rtol/atol.
-        steps: number of uniform solver steps for fixed-grid methods; defaults to num_layers.
+        method: one of ``FIXED_GRID_METHODS`` (uniform ``steps``) or ``ADAPTIVE_METHODS`` (rtol/atol).
+        steps: number of uniform solver steps over [0, t_end] for fixed-grid methods; defaults to num_layers.
         rtol, atol: tolerances for adaptive methods (torchdiffeq's defaults are far too tight for vision).
         adjoint: backpropagate with the adjoint method (O(1) memory in depth, more evaluations).
-        max_nfe: cap on function evaluations in one forward solve; exceeding it raises OdeSolverError.
+        max_nfe: cap on function evaluations in one forward solve. Adaptive solves stop with OdeSolverError when
+            they exceed it; a fixed grid whose evaluations (steps x stages) exceed it is refused when it is set.
     """
 
     def __init__(
@@ -180,8 +237,10 @@ class OdeDepth(_DepthBase):
         self.block = block
         self.num_layers = num_layers
         self.t_end = float(num_layers if t_end is None else t_end)
-        if not self.t_end > 0:
-            raise ValueError(f't_end must be > 0, got {t_end}.')
+        if not (math.isfinite(self.t_end) and self.t_end > 0):
+            raise ValueError(f't_end must be a finite number > 0, got {t_end}.')
+        # the solver grid is uniform over the interval as built; pruning shortens the interval, not the grid
+        self.grid_end = self.t_end
         self.nfe_counts: Dict[str, int] = {'forward': 0, 'backward': 0}
         self.set_solver(method=method, steps=num_layers if steps is None else steps, rtol=rtol, atol=atol,
                         adjoint=adjoint, max_nfe=max_nfe)
@@ -197,19 +256,22 @@ class OdeDepth(_DepthBase):
     ) -> None:
         """Change how the ODE is solved (e.g. evaluate a model trained with 12 Euler steps using 6 RK4 steps)."""
         method = getattr(self, 'method', None) if method is None else method
-        if method not in SOLVERS or method == 'scipy_solver':
+        if method not in METHODS:
             raise ValueError(f'Unknown ODE method {method!r}. Choose a fixed-grid method {list(FIXED_GRID_METHODS)} '
                              f'or an adaptive one {list(ADAPTIVE_METHODS)}.')
-        steps = getattr(self, 'steps', None) if steps is None else steps
-        if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
-            raise ValueError(f'ODE steps must be a positive integer, got {steps!r}.')
+        steps = _positive_int('ODE steps', getattr(self, 'steps', None) if steps is None else steps)
+        max_nfe = _positive_int('max_nfe', getattr(self, 'max_nfe', None) if max_nfe is None else max_nfe)
         rtol = getattr(self, 'rtol', None) if rtol is None else rtol
         atol = getattr(self, 'atol', None) if atol is None else atol
-        if not (rtol > 0 and atol > 0):
-            raise ValueError(f'rtol and atol must be > 0, got rtol={rtol}, atol={atol}.')
-        max_nfe = getattr(self, 'max_nfe', None) if max_nfe is None else max_nfe
-        if isinstance(max_nfe, bool) or not isinstance(max_nfe, int) or max_nfe < 1:
-            raise ValueError(f'max_nfe must be a positive integer, got {max_nfe!r}.')
+        if not (rtol > 0 and atol > 0 and math.isfinite(rtol) and math.isfinite(atol)):
+            raise ValueError(f'rtol and atol must be finite and > 0, got rtol={rtol}, atol={atol}.')
+        if method in RK_TABLEAUS:
+            # a fixed grid's cost is known now: refuse it now rather than after minutes of stepping
+            nfe = steps * (len(RK_TABLEAUS[method][1]))
+            if nfe > max_nfe:
+                raise ValueError(
+                    f'{steps} {method} steps take {nfe} function evaluations per solve, over max_nfe={max_nfe}. '
+                    f'Use fewer steps, or raise max_nfe (set_solver(max_nfe={nfe}) or ode_max_nfe={nfe}).')
         self.method, self.steps, self.rtol, self.atol, self.max_nfe = method, steps, float(rtol), float(atol), max_nfe
         self.adjoint = bool(getattr(self, 'adjoint', False) if adjoint is None else adjoint)
 
@@ -225,42 +287,88 @@ class OdeDepth(_DepthBase):
     def field_blocks(self) -> List[nn.Module]:
         return [self.block]
 
-    def layer_times(self) -> torch.Tensor:
+    def layer_times(self) -> List[float]:
         """The times of this trunk's layers, t_1..t_L (t_0 = 0 is the input)."""
-        return torch.linspace(0., self.t_end, self.num_layers + 1, dtype=torch.float64)[1:]
+        return [self.t_end * i / self.num_layers for i in range(1, self.num_layers + 1)]
 
-    def _fixed_grid(self, func: nn.Module, y0: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
-        """The solver grid between t[0] and t[-1]: the uniform grid of ``steps`` steps over [0, t_end], cut to the
-        span, so a solve that stops early (or the adjoint's backward pieces) keeps the same grid points."""
-        # the adjoint integrates backwards in negated time: map to forward time, build, map back
-        sign = -1.0 if float(t[0]) < 0 and float(t[-1]) <= 0 else 1.0
-        a, b = sign * float(t[0]), sign * float(t[-1])
-        lo, hi = min(a, b), max(a, b)
-        uniform = torch.linspace(0., self.t_end, self.steps + 1, dtype=torch.float64)
-        eps = 1e-6 * self.t_end
-        inner = uniform[(uniform > lo + eps) & (uniform < hi - eps)]
-        grid = torch.cat([uniform.new_tensor([lo]), inner, uniform.new_tensor([hi])])
-        if a > b:
-            grid = grid.flip(0)
-        grid = (sign * grid).to(t)
-        grid[0], grid[-1] = t[0], t[-1]
-        return grid
+    def solver_grid(self, t_stop: float) -> List[float]:
+        """The solver's points from 0 to ``t_stop``: the uniform grid of ``steps`` steps over the interval as built,
+        cut at ``t_stop`` (a solve that stops early, or a pruned trunk, keeps the same points)."""
+        eps = 1e-6 * self.grid_end
+        h = self.grid_end / self.steps
+        inner = [i * h for i in range(1, self.steps + 1) if eps < i * h < t_stop - eps]
+        return [0.] + inner + [t_stop]
 
-    def solve(self, x: torch.Tensor, grid_size: Tuple[int, int], times: torch.Tensor) -> torch.Tensor:
-        """States at ``times`` (increasing, within (0, t_end], in one solve): a tensor [len(times), *x.shape]."""
-        times = torch.as_tensor(times, dtype=torch.float64)
-        if times.ndim != 1 or len(times) == 0:
+    def _check_times(self, times: Sequence[float]) -> List[float]:
+        times = [float(t) for t in times]
+        if not times:
             raise ValueError('times must be a non-empty 1-D sequence.')
-        if (times[1:] <= times[:-1]).any() or times[0] <= 0 or times[-1] > self.t_end + 1e-6:
-            raise ValueError(f'times must be strictly increasing within (0, {self.t_end}], got {times.tolist()}.')
+        increasing = all(b > a for a, b in zip(times[:-1], times[1:]))
+        if not increasing or times[0] <= 0 or times[-1] > self.t_end * (1 + 1e-6):
+            raise ValueError(f'times must be strictly increasing within (0, {self.t_end}], got {times}.')
+        return times
+
+    def solve(
+            self, x: torch.Tensor, grid_size: Tuple[int, int], times: Sequence[float],
+    ) -> torch.Tensor:
+        """States at ``times`` (increasing, within (0, t_end], in one solve): a tensor [len(times), *x.shape]."""
+        if isinstance(times, torch.Tensor):
+            if times.ndim != 1:
+                raise ValueError('times must be a non-empty 1-D sequence.')
+            times = times.tolist()  # user-given times, typically on the host; the default path never builds them
+        times = self._check_times(times)
+        constants = field_constants(self.block, grid_size)
+        if self.method in RK_TABLEAUS and not (self.adjoint and torch.is_grad_enabled()):
+            return self._solve_fixed_grid(x, grid_size, times, constants)
+        return self._solve_torchdiffeq(x, grid_size, times, constants)
+
+    def _solve_fixed_grid(
+            self, x: torch.Tensor, grid_size: Tuple[int, int], times: List[float], constants: Dict[str, Any],
+    ) -> torch.Tensor:
+        """Explicit Runge-Kutta on ``solver_grid``, states at ``times`` by linear interpolation between points."""
+        a, b = RK_TABLEAUS[self.method]
+        eps = 1e-6 * self.grid_end
+        grid = self.solver_grid(times[-1])
+        self.nfe = self.nfe_counts['backward'] = 0
+        out: List[torch.Tensor] = []
+        j = 0
+        y0 = x
+        for t0, t1 in zip(grid[:-1], grid[1:]):
+            dt = t1 - t0
+            k = [self._apply_block(self.block, y0, grid_size, constants)]
+            for row in a:
+                yi = y0
+                for aij, kj in zip(row, k):
+                    if aij:
+                        yi = yi + kj * (dt * aij)
+                k.append(self._apply_block(self.block, yi, grid_size, constants))
+            y1 = y0
+            for bi, ki in zip(b, k):
+                if bi:
+                    y1 = y1 + ki * (dt * bi)
+            while j < len(times) and times[j] <= t1 + eps:
+                t = times[j]
+                out.append(y1 if abs(t - t1) <= eps else y0 if abs(t - t0) <= eps else _lerp(t0, t1, y0, y1, t))
+                j += 1
+            y0 = y1
+        self.nfe_counts['forward'] = self.nfe
+        return torch.stack(out)
+
+    def _solve_torchdiffeq(
+            self, x: torch.Tensor, grid_size: Tuple[int, int], times: List[float], constants: Dict[str, Any],
+    ) -> torch.Tensor:
+        """The library path: adaptive and Adams methods, the adjoint, and the reference for the fixed-grid loop."""
         self.nfe_counts['forward'] = self.nfe_counts['backward'] = 0
-        t = torch.cat([times.new_zeros(1), times]).to(device=x.device)
         if x.is_meta:
             # meta tensors carry shapes only; torchdiffeq's checks need values
-            return torch.stack([x + self.block(x, grid_size) for _ in range(len(times))])
-        options = {} if self.adaptive else {'grid_constructor': self._fixed_grid}
-        func = _OdeFunc(self, grid_size, check_finite=self.adaptive)
-        t = t.to(torch.float32 if x.dtype in (torch.float16, torch.bfloat16) else x.dtype)
+            return torch.stack([x + self.block(x, grid_size, **constants) for _ in times])
+        t_dtype = torch.float32 if x.dtype in (torch.float16, torch.bfloat16) else x.dtype
+        t = torch.tensor([0.] + times, dtype=t_dtype, device=x.device)
+        options = {}
+        if not self.adaptive:
+            grid = self.solver_grid(times[-1])
+            options['grid_constructor'] = lambda func, y0, t_: self._torchdiffeq_grid(grid, t_)
+        func = _OdeFunc(self, grid_size, constants, check_finite=self.adaptive)
         kwargs = dict(rtol=self.rtol, atol=self.atol, method=self.method, options=options)
         try:
             if self.adjoint and torch.is_grad_enabled():
@@ -269,15 +377,33 @@ class OdeDepth(_DepthBase):
             else:
                 out = odeint(func, x, t, **kwargs)
         except AssertionError as e:
-            if 'underflow' in str(e) or 'max_num_steps' in str(e):
-                raise OdeSolverError(
-                    f'ODE solve failed ({e}) with method={self.method!r}, rtol={self.rtol}, atol={self.atol}: the step '
-                    'size collapsed. Loosen the tolerances, or use a fixed-grid method such as rk4.') from e
-            raise
+            # torchdiffeq reports a collapsed step only through assertions; our own checks decide everything else
+            if x.shape[0] == 0:
+                raise ValueError('An empty batch cannot be solved: pass at least one sample.') from e
+            raise OdeSolverError(
+                f'ODE solve failed ({e}) with method={self.method!r}, rtol={self.rtol}, atol={self.atol}: the step '
+                'size collapsed. Loosen the tolerances, or use a fixed-grid method such as rk4.') from e
         finally:
             self.nfe = self.nfe_counts['forward']
             func.phase = 'backward'
         return out[1:]
+
+    @staticmethod
+    def _torchdiffeq_grid(grid: List[float], t: torch.Tensor) -> torch.Tensor:
+        """Our grid for torchdiffeq, in its time tensor's dtype and direction (the adjoint integrates backwards in
+        negated time, piece by piece between output times)."""
+        g = torch.tensor(grid, dtype=torch.float64)
+        lo, hi = float(t[0]), float(t[-1])
+        sign = -1.0 if lo < 0 and hi <= 0 else 1.0
+        a, b = sign * lo, sign * hi
+        eps = 1e-6 * max(abs(grid[-1]), 1.)
+        inner = g[(g > min(a, b) + eps) & (g < max(a, b) - eps)]
+        piece = torch.cat([g.new_tensor([min(a, b)]), inner, g.new_tensor([max(a, b)])])
+        if a > b:
+            piece = piece.flip(0)
+        piece = (sign * piece).to(t)
+        piece[0], piece[-1] = t[0], t[-1]
+        return piece
 
     def forward(
             self,
@@ -290,22 +416,33 @@ class OdeDepth(_DepthBase):
         layer_times = self.layer_times()
         if not take:
             return self.solve(x, grid_size, layer_times[-1:])[-1], []
+        times = [layer_times[i] for i in take]
         if stop_early:
-            states = self.solve(x, grid_size, layer_times[:take[-1] + 1][take])
+            states = self.solve(x, grid_size, times)
             return states[-1], list(states.unbind(0))
-        times = layer_times[take]
         if take[-1] != self.num_layers - 1:
-            times = torch.cat([times, layer_times[-1:]])
+            times.append(layer_times[-1])
         states = self.solve(x, grid_size, times)
         return states[-1], list(states[:len(take)].unbind(0))
 
     def prune(self, num_layers: int) -> None:
-        """Keep the first ``num_layers`` layers: the interval and the fixed step size shrink with them."""
-        # the new end is exactly the kept layer's time, so pruned and unpruned solves share their grid points
-        self.steps = max(1, round(self.steps * num_layers / self.num_layers))
-        self.t_end = float(self.layer_times()[num_layers - 1])
+        """Keep the first ``num_layers`` layers: the interval ends at the kept layer's time, on the same grid."""
+        self.t_end = self.layer_times()[num_layers - 1]
         self.num_layers = num_layers
 
     def extra_repr(self) -> str:
         return (f'num_layers={self.num_layers}, t_end={self.t_end}, method={self.method}, steps={self.steps}, '
                 f'rtol={self.rtol}, atol={self.atol}, adjoint={self.adjoint}, max_nfe={self.max_nfe}')
+
+
+def _positive_int(name: str, value: Any) -> int:
+    """``value`` as a positive int (numpy integers welcome), or a ValueError naming ``name``."""
+    try:
+        if isinstance(value, bool):
+            raise TypeError
+        value = operator.index(value)
+    except TypeError:
+        raise ValueError(f'{name} must be a positive integer, got {value!r}.') from None
+    if value < 1:
+        raise ValueError(f'{name} must be a positive integer, got {value!r}.')
+    return value

@@ -4,12 +4,13 @@ Every mixer takes tokens laid out as [prefix tokens (CLS, registers), patch toke
 and is called as ``mixer(x, grid_size)``; only the Gaussian mixer needs the grid, the others ignore it.
 """
 import math
-from typing import Optional, Tuple, Union
+from typing import Dict, Final, Optional, Tuple, Union
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
+from timm.layers import use_fused_attn
 
 from .linalg import spectral_norm
 
@@ -20,10 +21,13 @@ class MultiHeadAttention(nn.Module):
     """Softmax multi-head self-attention.
 
     With ``bias=False`` this is the ODE-ViT attention; with the same settings as a ``SeparableGaussianMixer``
-    it is that mixer's dense twin. Fused through ``F.scaled_dot_product_attention`` unless the attention
-    maps are asked for, in which case they are computed explicitly and returned.
+    it is that mixer's dense twin. Fused through ``F.scaled_dot_product_attention`` as timm's ``Attention`` is
+    (``timm.layers.use_fused_attn()`` / ``set_fused_attn`` decide, and ``fused_attn`` can be set per module), unless
+    the attention maps are asked for, in which case they are computed explicitly and returned. ``fused_attn=False``
+    is the eager baseline that materialises the N x N maps, as ODE-ViT's code runs it.
     """
     supports_attn_maps = True
+    fused_attn: Final[bool]
 
     def __init__(
             self,
@@ -42,6 +46,7 @@ class MultiHeadAttention(nn.Module):
         self.num_heads = num_heads
         self.head_dim = dim // num_heads
         self.scale = self.head_dim ** -0.5
+        self.fused_attn = use_fused_attn()
         self.qkv = nn.Linear(dim, dim * 3, bias=bias, **dd)
         self.attn_drop = attn_drop
         self.proj = nn.Linear(dim, dim, bias=bias, **dd)
@@ -56,12 +61,12 @@ class MultiHeadAttention(nn.Module):
         B, N, C = x.shape
         q, k, v = self.qkv(x).reshape(B, N, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
         attn_drop = self.attn_drop if self.training else 0.
-        if return_attn:
+        if self.fused_attn and not return_attn:
+            out = F.scaled_dot_product_attention(q, k, v, dropout_p=attn_drop)
+        else:
             attn = (q * self.scale) @ k.transpose(-2, -1)
             attn = attn.softmax(dim=-1)
             out = F.dropout(attn, attn_drop) @ v
-        else:
-            out = F.scaled_dot_product_attention(q, k, v, dropout_p=attn_drop)
         out = self.proj_drop(self.proj(out.transpose(1, 2).reshape(B, N, C)))
         return (out, attn) if return_attn else out
 
@@ -77,11 +82,6 @@ def _separable_mix(vp: torch.Tensor, gx: torch.Tensor, gy: torch.Tensor) -> torc
     return torch.einsum('hkuy,bhkyvd->buvhd', gy, t)
 
 
-def gaussian_kernel_matrix(size: int, sigma: torch.Tensor, offset: torch.Tensor) -> torch.Tensor:
-    """Row-normalized 1-D Gaussian matrices G[..., i, j] ∝ exp(-(i - j - offset)^2 / (2 sigma^2)).
-
-    ``sigma`` and ``offset`` are in patch units with any leading shape; the result has that shape + (size, size).
-    Row normalization is a softmax over j, which stays finite however small sigma gets.
 def _mix_accumulate(p: torch.Tensor, gx: torch.Tensor, gy: torch.Tensor) -> torch.Tensor:
     """sum_k G^y_k P G^x_k^T on the head-major layout P [heads, H, W, c], accumulated one component at a time.
 
@@ -136,6 +136,11 @@ class _SeparableMixFn(torch.autograd.Function):
         return grad_p, grad_gx, grad_gy
 
 
+def gaussian_kernel_matrix(size: int, sigma: torch.Tensor, offset: torch.Tensor) -> torch.Tensor:
+    """Row-normalized 1-D Gaussian matrices G[..., i, j] ∝ exp(-(i - j - offset)^2 / (2 sigma^2)).
+
+    ``sigma`` and ``offset`` are in patch units with any leading shape; the result has that shape + (size, size).
+    Row normalization is a softmax over j, which stays finite however small sigma gets.
     """
     idx = torch.arange(size, device=sigma.device, dtype=sigma.dtype)
     diff = idx[:, None] - idx[None, :]  # i - j
@@ -167,12 +172,12 @@ class SeparableGaussianMixer(nn.Module):
             prefix_mixing: str = 'mean',
             init_sigmas: Tuple[float, float] = (0.5, 8.0),
             recompute_mixing: bool = True,
+            mixing: str = 'accumulate',
             proj_drop: float = 0.,
             device=None,
             dtype=None,
     ) -> None:
         super().__init__()
-            mixing: str = 'accumulate',
         dd = {'device': device, 'dtype': dtype}
         if dim % num_heads:
             raise ValueError(f'dim ({dim}) must be divisible by num_heads ({num_heads}).')
@@ -180,13 +185,14 @@ class SeparableGaussianMixer(nn.Module):
             raise ValueError(f'num_gaussians must be >= 1, got {num_gaussians}.')
         if prefix_mixing not in ('mean', 'none'):
             raise ValueError(f"prefix_mixing must be 'mean' or 'none', got {prefix_mixing!r}.")
+        if mixing not in ('accumulate', 'einsum'):
+            raise ValueError(f"mixing must be 'accumulate' or 'einsum', got {mixing!r}.")
         self.num_heads = num_heads
         self.head_dim = dim // num_heads
         self.num_gaussians = num_gaussians
         self.prefix_mixing = prefix_mixing
         self.init_sigmas = init_sigmas
-        if mixing not in ('accumulate', 'einsum'):
-            raise ValueError(f"mixing must be 'accumulate' or 'einsum', got {mixing!r}.")
+        self.within_checkpoint = False
         self.recompute_mixing = recompute_mixing  # einsum path only: the accumulate path always recomputes
         # 'accumulate': one Gaussian component at a time, never K copies of the values (the default, least memory);
         # 'einsum': all components in two einsums through a K-fold intermediate (see docs/benchmark.md)
@@ -224,12 +230,25 @@ class SeparableGaussianMixer(nn.Module):
         gx = gaussian_kernel_matrix(W, sigma[1], self.offset[1])
         return gy, gx, self.mix_logits.softmax(dim=-1)
 
+    def field_constants(self, grid_size: Tuple[int, int]) -> Dict[str, Tuple[torch.Tensor, torch.Tensor]]:
+        """The grid's kernels, G^y pre-weighted by the mixture: {'kernels': (G^y [heads, K, H, H], G^x)}."""
+        gy, gx, mix = self.kernels(grid_size)
+        return {'kernels': (gy * mix[..., None, None].to(gy), gx)}
+
+    def set_grad_checkpointing(self, enable: bool = True) -> None:
+        """Told by the depth integrator that it checkpoints whole blocks: the einsum path's own recompute would
+        nest a second checkpoint inside that one and run the mixing three times, so it stands down."""
+        self.within_checkpoint = enable
+
     def forward(
             self,
             x: torch.Tensor,
             grid_size: Optional[Tuple[int, int]] = None,
             return_attn: bool = False,
+            kernels: Optional[Tuple[torch.Tensor, torch.Tensor]] = None,
     ) -> torch.Tensor:
+        """Mix ``x`` [B, N, C] on its patch grid; ``kernels`` are ``field_constants(grid_size)``'s, when a depth
+        integrator computed them once for all its evaluations of this mixer."""
         if return_attn:
             raise RuntimeError(
                 'SeparableGaussianMixer forms no attention map; use dense_operator(grid_size) for its N x N '
@@ -242,8 +261,7 @@ class SeparableGaussianMixer(nn.Module):
         if num_prefix < 0:
             raise ValueError(f'{N} tokens cannot hold a {H}x{W} patch grid.')
         v = self.v(x)
-        gy, gx, mix = self.kernels(grid_size)
-        gy = gy * mix[..., None, None].to(gy)
+        gy, gx = self.field_constants(grid_size)['kernels'] if kernels is None else kernels
         vp = v[:, num_prefix:].reshape(B, H, W, self.num_heads, self.head_dim)
         gx, gy = gx.to(v.dtype), gy.to(v.dtype)
         if self.mixing == 'accumulate':
@@ -251,7 +269,7 @@ class SeparableGaussianMixer(nn.Module):
             p = vp.permute(3, 1, 2, 0, 4).reshape(self.num_heads, H, W, B * self.head_dim)
             y = _SeparableMixFn.apply(p, gx, gy)
             y = y.reshape(self.num_heads, H, W, B, self.head_dim).permute(3, 1, 2, 0, 4)
-        elif torch.is_grad_enabled() and self.recompute_mixing:
+        elif torch.is_grad_enabled() and self.recompute_mixing and not self.within_checkpoint:
             # the x-axis result is K times the values: recompute it in backward instead of keeping it
             y = checkpoint(_separable_mix, vp, gx, gy, use_reentrant=False)
         else:

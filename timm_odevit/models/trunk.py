@@ -30,6 +30,14 @@ register_notrace_module(OdeDepth)
 register_notrace_module(SeparableGaussianMixer)
 
 
+_NONFINITE_INPUT = 'The input images contain NaN or Inf values; clean or re-normalize the batch.'
+
+
+def _given(**options: Any) -> Dict[str, Any]:
+    """The options a caller set (timm's create_model drops None kwargs, so None means 'not given')."""
+    return {k: v for k, v in options.items() if v is not None}
+
+
 @register_notrace_function
 def check_image_input(
         x: torch.Tensor,
@@ -38,6 +46,8 @@ def check_image_input(
         patch_size: Tuple[int, int],
         dynamic_img_size: bool,
         dynamic_img_pad: bool,
+        dtype: torch.dtype = torch.float32,
+        check_finite: bool = True,
 ) -> None:
     """Reject inputs the model cannot use, saying what to do instead of failing deep inside a conv or solver."""
     if x.ndim != 4:
@@ -56,8 +66,23 @@ def check_image_input(
         raise ValueError(
             f'Image size {H}x{W} is not divisible by the patch size {patch_size[0]}x{patch_size[1]}. Resize or crop '
             'to a multiple of the patch size, or build with dynamic_img_pad=True to pad.')
-    if not x.is_meta and not torch.compiler.is_compiling() and not bool(torch.isfinite(x).all()):
-        raise ValueError('The input images contain NaN or Inf values; clean or re-normalize the batch.')
+    if x.dtype != dtype and not torch.is_autocast_enabled(x.device.type):
+        raise ValueError(
+            f'The model takes {dtype} images, got {x.dtype}. Cast the input (x.to({dtype})), cast the model '
+            f'(model.to({x.dtype})), or run under torch.autocast.')
+    if check_finite and not x.is_meta:
+        check_finite_async(x)
+
+
+def check_finite_async(x: torch.Tensor) -> None:
+    """Refuse NaN/Inf pixels without reading a value back to the host: ``torch._assert_async`` raises at once on
+    CPU and becomes a device-side assert elsewhere, which never stalls a CUDA stream (it fails at the next sync)."""
+    try:
+        torch._assert_async(torch.isfinite(x).all(), _NONFINITE_INPUT)
+    except RuntimeError as e:
+        if _NONFINITE_INPUT not in str(e):
+            raise
+        raise ValueError(_NONFINITE_INPUT) from None
 
 
 class DepthVisionTransformer(nn.Module):
@@ -83,16 +108,16 @@ class DepthVisionTransformer(nn.Module):
             mixer: Literal['attention', 'ssog', 'identity'] = 'attention',
             depth_mode: Literal['discrete', 'looped', 'ode'] = 'discrete',
             bias: bool = False,
-            num_gaussians: int = 4,
-            learn_offset: bool = False,
-            prefix_mixing: Literal['mean', 'none'] = 'mean',
-            ode_method: str = 'euler',
+            num_gaussians: Optional[int] = None,
+            learn_offset: Optional[bool] = None,
+            prefix_mixing: Optional[Literal['mean', 'none']] = None,
+            ode_method: Optional[str] = None,
             ode_steps: Optional[int] = None,
             ode_t_end: Optional[float] = None,
-            ode_rtol: float = 1e-3,
-            ode_atol: float = 1e-4,
-            ode_adjoint: bool = False,
-            ode_max_nfe: int = 1000,
+            ode_rtol: Optional[float] = None,
+            ode_atol: Optional[float] = None,
+            ode_adjoint: Optional[bool] = None,
+            ode_max_nfe: Optional[int] = None,
             class_token: bool = True,
             reg_tokens: int = 0,
             final_norm: bool = True,
@@ -100,9 +125,10 @@ class DepthVisionTransformer(nn.Module):
             dynamic_img_pad: bool = False,
             drop_rate: float = 0.,
             proj_drop_rate: float = 0.,
-            attn_drop_rate: float = 0.,
+            attn_drop_rate: Optional[float] = None,
             drop_path_rate: float = 0.,
             weight_init: Literal['spectral', 'xavier', 'skip'] = 'spectral',
+            check_finite: bool = True,
             device=None,
             dtype=None,
     ) -> None:
@@ -120,16 +146,16 @@ class DepthVisionTransformer(nn.Module):
             mixer: Token mixer of every block.
             depth_mode: Depth integrator.
             bias: Biases in the mixer and MLP linears (ODE-ViT has none).
-            num_gaussians: Gaussian components per head (ssog).
-            learn_offset: Learn the Gaussians' centre offsets as well as their widths (ssog).
+            num_gaussians: Gaussian components per head (ssog only; default 4).
+            learn_offset: Learn the Gaussians' centre offsets as well as their widths (ssog only).
             prefix_mixing: What CLS/register tokens receive from an ssog mixer: 'mean' of patches or 'none'.
-            ode_method: torchdiffeq method.
-            ode_steps: Uniform solver steps for fixed-grid methods (default: depth).
-            ode_t_end: End of the integration interval (default: depth, i.e. unit steps).
-            ode_rtol: Relative tolerance of adaptive methods.
-            ode_atol: Absolute tolerance of adaptive methods.
-            ode_adjoint: Backpropagate through the adjoint ODE instead of the solver steps.
-            ode_max_nfe: Cap on function evaluations per solve.
+            ode_method: ODE method (ode only; default 'euler'): a fixed-grid or an adaptive one, see OdeDepth.
+            ode_steps: Uniform solver steps for fixed-grid methods (ode only; default: depth).
+            ode_t_end: End of the integration interval (ode only; default: depth, i.e. unit steps).
+            ode_rtol: Relative tolerance of adaptive methods (ode only; default 1e-3).
+            ode_atol: Absolute tolerance of adaptive methods (ode only; default 1e-4).
+            ode_adjoint: Backpropagate through the adjoint ODE instead of the solver steps (ode only).
+            ode_max_nfe: Cap on function evaluations per solve (ode only; default 1000).
             class_token: Use a class token.
             reg_tokens: Number of register tokens (no position embedding, as in ODE-ViT).
             final_norm: CenterNorm after the trunk.
@@ -141,6 +167,11 @@ class DepthVisionTransformer(nn.Module):
             drop_path_rate: Stochastic depth (discrete and looped only: it would make an ODE field random).
             weight_init: 'spectral' (ODE-ViT: Xavier-normal, then divided by the largest singular value),
                 'xavier', or 'skip'.
+            check_finite: Refuse NaN/Inf pixels. On CPU a ValueError before any work; on other devices an
+                asynchronous device assert (``torch._assert_async``), so the check never stalls the host.
+
+        Options of another mixer or depth setting (``num_gaussians`` on a dense model, ``ode_steps`` on a discrete
+        one, ``attn_drop_rate`` without attention) raise TypeError, as unknown kwargs do: nothing is silently ignored.
         """
         super().__init__()
         dd = {'device': device, 'dtype': dtype}
@@ -153,6 +184,16 @@ class DepthVisionTransformer(nn.Module):
         if depth_mode == 'ode' and drop_path_rate > 0:
             raise ValueError('drop_path_rate must be 0 for ODE trunks: a randomly dropped field has no solution; '
                              'use proj_drop_rate for regularization.')
+        mixer_kwargs = _given(num_gaussians=num_gaussians, learn_offset=learn_offset, prefix_mixing=prefix_mixing)
+        ode_kwargs = _given(method=ode_method, steps=ode_steps, t_end=ode_t_end, rtol=ode_rtol, atol=ode_atol,
+                            adjoint=ode_adjoint, max_nfe=ode_max_nfe)
+        if mixer_kwargs and mixer != 'ssog':
+            raise TypeError(f'{", ".join(mixer_kwargs)} apply to the ssog mixer only; this model has mixer={mixer!r}.')
+        if attn_drop_rate is not None and mixer != 'attention':
+            raise TypeError(f'attn_drop_rate applies to attention only; this model has mixer={mixer!r}.')
+        if ode_kwargs and depth_mode != 'ode':
+            raise TypeError(f'{", ".join("ode_" + k for k in ode_kwargs)} apply to ODE trunks only; this model has '
+                            f'depth_mode={depth_mode!r}.')
         if weight_init not in ('spectral', 'xavier', 'skip'):
             raise ValueError(f"weight_init must be 'spectral', 'xavier' or 'skip', got {weight_init!r}.")
         self.num_classes = num_classes
@@ -166,6 +207,7 @@ class DepthVisionTransformer(nn.Module):
         self.depth_mode = depth_mode
         self.dynamic_img_size = dynamic_img_size
         self.dynamic_img_pad = dynamic_img_pad
+        self.check_finite = check_finite
         self.grad_checkpointing = False
 
         embed_args = dict(strict_img_size=False, output_fmt='NHWC') if dynamic_img_size else {}
@@ -192,8 +234,8 @@ class DepthVisionTransformer(nn.Module):
             mlp_ratio=mlp_ratio,
             bias=bias,
             proj_drop=proj_drop_rate,
-            attn_drop=attn_drop_rate,
-            mixer_kwargs=dict(num_gaussians=num_gaussians, learn_offset=learn_offset, prefix_mixing=prefix_mixing),
+            attn_drop=attn_drop_rate or 0.,
+            mixer_kwargs=mixer_kwargs,
             **dd,
         )
         if depth_mode == 'discrete':
@@ -204,17 +246,7 @@ class DepthVisionTransformer(nn.Module):
             self.trunk = LoopedDepth(FieldBlock(drop_path=drop_path_rate, **block_args), num_loops=depth)
             feature_modules = [f'trunk.block.{i}' for i in range(depth)]
         else:
-            self.trunk = OdeDepth(
-                FieldBlock(**block_args),
-                num_layers=depth,
-                t_end=ode_t_end,
-                method=ode_method,
-                steps=ode_steps,
-                rtol=ode_rtol,
-                atol=ode_atol,
-                adjoint=ode_adjoint,
-                max_nfe=ode_max_nfe,
-            )
+            self.trunk = OdeDepth(FieldBlock(**block_args), num_layers=depth, **ode_kwargs)
             feature_modules = [f'trunk.t{i}' for i in range(depth)]
         self.feature_info = [dict(module=m, num_chs=embed_dim, reduction=reduction) for m in feature_modules]
         self.norm = CenterNorm(embed_dim, **dd) if final_norm else nn.Identity()
@@ -319,7 +351,7 @@ class DepthVisionTransformer(nn.Module):
     def _embed(self, x: torch.Tensor) -> Tuple[torch.Tensor, Tuple[int, int]]:
         check_image_input(
             x, self.in_chans, self.patch_embed.img_size, self.patch_embed.patch_size,
-            self.dynamic_img_size, self.dynamic_img_pad)
+            self.dynamic_img_size, self.dynamic_img_pad, self.pos_embed.dtype, self.check_finite)
         x = self.patch_embed(x)
         if self.dynamic_img_size:
             B, H, W, C = x.shape
@@ -431,9 +463,9 @@ class DepthVisionTransformer(nn.Module):
             (final tokens after the final norm [B, N, D], states before the norm [len(times), B, N, D], and with
             ``return_attn`` the attention maps [B, heads, N, N] of the last field evaluation, else None).
         """
-        times = torch.as_tensor(times, dtype=torch.float64).flatten()
-        if len(times) == 0 or bool((times[1:] <= times[:-1]).any()):
-            raise ValueError(f'times must be a non-empty, strictly increasing sequence, got {times.tolist()}.')
+        times = [float(t) for t in (times.flatten().tolist() if isinstance(times, torch.Tensor) else times)]
+        if not times or any(b <= a for a, b in zip(times[:-1], times[1:])):
+            raise ValueError(f'times must be a non-empty, strictly increasing sequence, got {times}.')
         block = self.trunk.field_blocks()[-1]
         if return_attn and not getattr(block.mixer, 'supports_attn_maps', False):
             raise TypeError(f'{type(block.mixer).__name__} cannot return attention maps; only dense attention can.')
@@ -446,16 +478,16 @@ class DepthVisionTransformer(nn.Module):
         try:
             if isinstance(self.trunk, OdeDepth):
                 t_end = self.trunk.t_end
-                ends_early = float(times[-1]) < t_end * (1 - 1e-6)
-                solve_times = torch.cat([times, times.new_tensor([t_end])]) if ends_early else times
-                all_states = self.trunk.solve(x, grid_size, solve_times)
+                ends_early = times[-1] < t_end * (1 - 1e-6)
+                all_states = self.trunk.solve(x, grid_size, times + [t_end] if ends_early else times)
                 final, states = all_states[-1], all_states[:len(times)]
             else:
-                layers = times.round()
-                if bool((layers - times).abs().max() > 1e-6) or layers[0] < 1 or layers[-1] > self.trunk.num_layers:
+                layers = [round(t) for t in times]
+                off_grid = any(abs(t - n) > 1e-6 for t, n in zip(times, layers))
+                if off_grid or layers[0] < 1 or layers[-1] > self.trunk.num_layers:
                     raise ValueError(f'A {self.depth_mode} trunk has states only at layers 1..{self.trunk.num_layers}; '
-                                     f'got times {times.tolist()}.')
-                final, state_list = self.trunk(x, grid_size, take_indices=[int(t) - 1 for t in layers])
+                                     f'got times {times}.')
+                final, state_list = self.trunk(x, grid_size, take_indices=[n - 1 for n in layers])
                 states = torch.stack(state_list)
         finally:
             if handle is not None:
@@ -507,6 +539,12 @@ def create_depth_vit(variant: str, pretrained: bool = False, **kwargs: Any) -> D
         if tag is not None:
             kwargs['pretrained_cfg'] = tag
     out_indices = kwargs.pop('out_indices', 3)
+    feature_cls = kwargs.get('feature_cls', 'getter')
+    if kwargs.get('features_only') and feature_cls != 'getter' and kwargs.get('depth_mode', 'discrete') != 'discrete':
+        raise ValueError(
+            f"feature_cls={feature_cls!r} needs a module per layer; the layers of a {kwargs['depth_mode']} trunk are "
+            "applications of one block (or ODE output times), not modules. Use feature_cls='getter' (the default), "
+            'which reads them through forward_intermediates.')
     return build_model_with_cfg(
         DepthVisionTransformer,
         variant,
