@@ -23,7 +23,6 @@ from timm_odevit import data as fm
 from timm_odevit.hub import ORG, MANIFEST_FILE, hub_id
 from timm_odevit.hub.demo import hub_env
 from timm_odevit.models.pretrained import FMNIST_TAG
-from timm_odevit.hub.recipe import evaluate
 from timm_odevit.hub.server import HubMirror
 from timm_odevit.hub.verify import build_manifest, verify_root, write_manifest
 
@@ -204,9 +203,9 @@ def test_missing_repo_and_file_raise_hub_errors(mirror, tmp_path):
 _EVAL_CLIENT = """
 import json, sys, timm, timm_odevit
 from timm_odevit import data as fm
-from timm_odevit.hub.recipe import evaluate
+from timm_odevit.evaluate import evaluate
 model = timm.create_model(sys.argv[1], pretrained=True)
-r = evaluate(model, str(fm.SAMPLE_DIR))
+r = evaluate(model, fm.load_tensors(fm.SAMPLE_DIR, model=model, cache_root=sys.argv[2]))
 print(json.dumps({'correct': r['correct'], 'n': r['n'], 'tag': model.pretrained_cfg.get('tag'),
                   'input_size': list(model.pretrained_cfg['input_size'])}))
 """
@@ -223,7 +222,7 @@ def _card_sample_top1(repo: str) -> Tuple[int, int]:
 
 
 def _eval_through_mirror(mirror, name: str, hf_home: Path) -> Dict:
-    out = subprocess.run([sys.executable, '-c', _EVAL_CLIENT, name], env=hub_env(mirror.url, str(hf_home)),
+    out = subprocess.run([sys.executable, '-c', _EVAL_CLIENT, name, str(hf_home / 'data')], env=hub_env(mirror.url, str(hf_home)),
                          capture_output=True, text=True, timeout=600, cwd=str(hf_home))
     assert out.returncode == 0, out.stderr[-3000:]
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -345,8 +344,12 @@ def test_export_and_push_dry_run(tmp_path):
 
 
 def test_demo_prints_top1_through_mirror(capsys):
-    from timm_odevit.hub.demo import main
+    from timm_odevit.hub.demo import BUNDLED_REPOS, DEFAULT_MODEL, main
+    # setup.py bundles exactly the weights the demo's untagged name resolves to (test_untagged_name_... above)
+    assert BUNDLED_REPOS == tuple(r for r in REPOS if r.split('.')[0] == DEFAULT_MODEL)
     assert main() == 0
     out = capsys.readouterr().out
-    assert re.search(r'top-1 on the bundled sample [\d.]+%', out)
+    assert f">>> timm.create_model('{DEFAULT_MODEL}', pretrained=True)" in out
+    sample = _card_sample_top1(BUNDLED_REPOS[0])
+    assert f'top-1 on the bundled sample {100 * sample[0] / sample[1]:.2f}% ({sample[0]}/{sample[1]})' in out
     assert 'HEAD' in out and 'GET' in out and 'model.safetensors' in out

@@ -1,10 +1,11 @@
-"""The main job, ``python -m timm_odevit``: a pretrained model loaded through the local Hub mirror classifies the
-bundled Fashion-MNIST sample; then the zoo at a glance, every family's params, GMACs, NFE and a quick side-by-side
-speed ratio of each SSoG model against its dense twin, the parameter reductions and the ODE-ViT paper configs' counts.
+"""The zoo at a glance, as tables generated from the one family table (``models/families.py``): the family grid,
+every family's params, GMACs and NFE, the parameter reductions against the dense twins and the ODE-ViT paper
+configs' trainable-parameter counts. ``python -m timm_odevit`` prints them; the README and docs/models.md hold them
+(tests/test_docs.py keeps those copies equal to these generators).
+
+Speed is left to the benchmark (``python -m timm_odevit.benchmark``), which times interleaved repeats and reports
+their spread: a one-shot ratio on a shared machine is noise.
 """
-import argparse
-import statistics
-import time
 from typing import Dict, List, Optional
 
 import timm
@@ -12,16 +13,11 @@ import torch
 
 from . import models  # noqa: F401  (registers the models)
 from .benchmark.runner import count_gmacs
+from .models.families import FAMILIES, SIZES, model_name
 
-# family -> its dense-attention twin (None for the dense families themselves)
-FAMILIES: Dict[str, Optional[str]] = {
-    'ssog_vit': 'dense_vit',
-    'looped_ssog': 'looped_vit',
-    'ssog_ode': 'odevit',
-    'dense_vit': None,
-    'looped_vit': None,
-    'odevit': None,
-}
+__all__ = ['FAMILIES', 'PAPER_CONFIGS', 'count_params', 'param_reduction', 'paper_trainable_params', 'zoo_table',
+           'reduction_table', 'paper_table', 'grid_table']
+
 # ODE-ViT paper configurations -> the trainable-parameter count the paper reports
 PAPER_CONFIGS: Dict[str, float] = {
     'odevit_w768_mlp1_36pt': 3.8e6,
@@ -51,48 +47,41 @@ def paper_trainable_params(name: str) -> int:
     return sum(p.numel() for p in model.parameters() if p.requires_grad)
 
 
-def median_forward_seconds(models_: List[torch.nn.Module], img_size: int, repeats: int) -> List[float]:
-    """Interleaved (A B A B ...) timing of batch-1 inference, warm-up excluded; the median for each model."""
-    x = torch.randn(1, 3, img_size, img_size)
-    times: List[List[float]] = [[] for _ in models_]
-    with torch.inference_mode():
-        for m in models_:
-            m(x)
-        for _ in range(repeats):
-            for i, m in enumerate(models_):
-                start = time.perf_counter()
-                m(x)
-                times[i].append(time.perf_counter() - start)
-    return [statistics.median(t) for t in times]
+def grid_table() -> str:
+    """The family grid: depth setting (rows) by token mixer (columns), from the one family table."""
+    mixers = {'attention': 'dense attention', 'ssog': 'SSoG'}
+    depths = {'discrete': 'discrete (L blocks)', 'looped': 'looped (one block, L times)',
+              'ode': 'continuous (ODE)'}
+    rows = ['| depth \\ mixer | ' + ' | '.join(mixers.values()) + ' |', '|---|' + '---|' * len(mixers)]
+    for depth, label in depths.items():
+        cells = [', '.join(f'`{f.name}_*`' for f in FAMILIES.values() if f.depth == depth and f.mixer == m)
+                 for m in mixers]
+        rows.append(f'| {label} | ' + ' | '.join(cells) + ' |')
+    return '\n'.join(rows)
 
 
-def zoo_table(sizes: List[str], repeats: int) -> str:
-    rows = ['| model | params (M) | GMACs | NFE | speed vs dense twin (median, batch 1) |',
-            '|---|---:|---:|---:|---:|']
+def zoo_table(sizes: List[str]) -> str:
+    """Params, GMACs (one image at the model's default size) and NFE of every family at each size."""
+    rows = ['| model | mixer | depth | dense twin | params (M) | GMACs | NFE |', '|---|---|---|---|---:|---:|---:|']
     for size in sizes:
-        for family, twin in FAMILIES.items():
-            name = f'{family}_{size}'
+        for family in FAMILIES.values():
+            name = model_name(family.name, size)
             model = timm.create_model(name).eval()
             img = model.pretrained_cfg['input_size'][-1]
             params = sum(p.numel() for p in model.parameters()) / 1e6
-            macs = count_gmacs(model, img)
-            nfe = model.nfe
-            speed = ''
-            if twin is not None:
-                dense = timm.create_model(f'{twin}_{size}').eval()
-                t_ssog, t_dense = median_forward_seconds([model, dense], img, repeats)
-                speed = f'{t_dense / t_ssog:.2f}x'
-            rows.append(f'| `{name}` | {params:.2f} | {macs:.2f} | {nfe} | {speed} |')
+            twin = f'`{model_name(family.twin, size)}`' if family.twin else ''
+            rows.append(f'| `{name}` | {family.mixer} | {family.depth} | {twin} | {params:.2f} | '
+                        f'{count_gmacs(model, img):.2f} | {model.nfe} |')
     return '\n'.join(rows)
 
 
 def reduction_table(sizes: List[str]) -> str:
     rows = ['| SSoG model | dense twin | fewer params |', '|---|---|---:|']
     for size in sizes:
-        for family, twin in FAMILIES.items():
-            if twin is not None:
-                for suffix in ('', '_patch4_32'):
-                    a, b = f'{family}_{size}{suffix}', f'{twin}_{size}{suffix}'
+        for family in FAMILIES.values():
+            if family.twin is not None:
+                for small_image in (False, True):
+                    a, b = model_name(family.name, size, small_image), model_name(family.twin, size, small_image)
                     rows.append(f'| `{a}` | `{b}` | {param_reduction(a, b):.1f}% |')
     return '\n'.join(rows)
 
@@ -103,29 +92,3 @@ def paper_table() -> str:
         n = paper_trainable_params(name)
         rows.append(f'| `{name}` | {n / 1e6:.3f}M | {target / 1e6:.1f}M | {100 * (n - target) / target:+.1f}% |')
     return '\n'.join(rows)
-
-
-def main(argv: Optional[List[str]] = None) -> None:
-    """Run the demo and print the zoo tables."""
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument('--sizes', nargs='+', default=['tiny', 'small', 'base'], choices=['tiny', 'small', 'base'])
-    parser.add_argument('--repeats', type=int, default=5, help='timed forwards per model for the speed ratio')
-    parser.add_argument('--threads', type=int, default=None, help='torch threads (default: torch decides)')
-    parser.add_argument('--no-demo', action='store_true', help='skip the pretrained classification demo')
-    args = parser.parse_args(argv)
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    torch.manual_seed(0)
-    if not args.no_demo:
-        from .hub.demo import main as pretrained_demo
-        if pretrained_demo() != 0:
-            raise SystemExit('the pretrained demo failed (see above)')
-        print()
-    print(f'timm {timm.__version__}, torch {torch.__version__}, {torch.get_num_threads()} threads, 224 px models\n')
-    print(zoo_table(args.sizes, args.repeats), end='\n\n')
-    print(reduction_table(args.sizes), end='\n\n')
-    print(paper_table())
-
-
-if __name__ == '__main__':
-    main()

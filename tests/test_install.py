@@ -1,0 +1,90 @@
+"""The main command from a normal (non-editable) install, offline, outside the checkout.
+
+A copy of the source tree is installed with ``pip install --no-deps --no-build-isolation`` into a temporary virtual
+environment that sees the system's torch and timm (``--system-site-packages``); ``python -m timm_odevit --sizes tiny``
+then runs from an empty folder with a fresh HF_HOME and cache, so nothing of the checkout can be read by accident.
+"""
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from timm_odevit.hub.demo import BUNDLE_DIR, BUNDLED_REPOS, DEFAULT_MODEL
+from timm_odevit.hub.table import card_facts
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+# build outputs and local state that a fresh clone does not have
+_NOT_SOURCE = shutil.ignore_patterns('.git', 'build', 'dist', '*.egg-info', '__pycache__', 'venv', '.pytest_cache',
+                                     'results', 'output', 'timm_suite')
+
+
+def _isolated_env(tmp: Path) -> dict:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(('HF_', 'PYTHON', 'XDG_'))}
+    env.update(HF_HOME=str(tmp / 'hf_home'), HF_HUB_OFFLINE='1', HF_HUB_DISABLE_TELEMETRY='1',
+               XDG_CACHE_HOME=str(tmp / 'cache'), OMP_NUM_THREADS='1', PIP_NO_INDEX='1')
+    return env
+
+
+@pytest.fixture(scope='module')
+def installed(tmp_path_factory):
+    """(venv python, isolated env, empty working folder) after a non-editable install of a copy of the tree."""
+    tmp = tmp_path_factory.mktemp('install')
+    src = tmp / 'src'
+    # a copy: an in-tree build would write build/ into the checkout and could pick up stale files from it
+    shutil.copytree(REPO_ROOT, src, ignore=_NOT_SOURCE)
+    # without its own pip/setuptools: the venv uses the system's (the build needs setuptools>=77, see pyproject)
+    subprocess.run([sys.executable, '-m', 'venv', '--system-site-packages', '--without-pip', str(tmp / 'venv')],
+                   check=True, timeout=300)
+    python = tmp / 'venv' / 'bin' / 'python'
+    env = _isolated_env(tmp)
+    r = subprocess.run([str(python), '-m', 'pip', 'install', '--quiet', '--no-deps', '--no-build-isolation',
+                        str(src)], capture_output=True, text=True, timeout=600, env=env, cwd=str(tmp))
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+    shutil.rmtree(src)  # nothing may be read from the source copy after the install
+    work = tmp / 'elsewhere'
+    work.mkdir()
+    return python, env, work
+
+
+def _site_package(python: Path, env: dict, cwd: Path) -> Path:
+    r = subprocess.run([str(python), '-c', 'import timm_odevit, pathlib; print(pathlib.Path(timm_odevit.__file__)'
+                        '.parent)'], capture_output=True, text=True, timeout=300, env=env, cwd=str(cwd))
+    assert r.returncode == 0, r.stderr
+    return Path(r.stdout.strip())
+
+
+def test_main_command_runs_from_a_normal_install(installed):
+    python, env, work = installed
+    pkg = _site_package(python, env, work)
+    assert REPO_ROOT not in pkg.parents and 'site-packages' in pkg.parts, f'not the installed copy: {pkg}'
+    assert sorted(p.name for p in (pkg / BUNDLE_DIR / 'weights').iterdir()) == sorted(
+        ['MANIFEST.json', *BUNDLED_REPOS])
+    r = subprocess.run([str(python), '-m', 'timm_odevit', '--sizes', 'tiny'], capture_output=True, text=True,
+                       timeout=900, env=env, cwd=str(work))
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert f">>> timm.create_model('{DEFAULT_MODEL}', pretrained=True)" in r.stdout
+    assert f'Local Hub mirror over {pkg / BUNDLE_DIR / "weights"}' in r.stdout
+    # the score the published card states for the sample, reached through the bundled copy
+    card = card_facts(REPO_ROOT / 'weights' / BUNDLED_REPOS[0])
+    assert re.search(rf'top-1 on the bundled sample {re.escape(card["sample"])}% \(\d+/1000\)', r.stdout), r.stdout
+    assert '| `ssog_ode_tiny` | ssog | ode |' in r.stdout and '_small`' not in r.stdout.split('| model |')[1]
+    assert list(work.iterdir()) == [], 'the main command must not write into the working folder'
+
+
+def test_main_command_says_what_is_missing(installed):
+    python, env, work = installed
+    pkg = _site_package(python, env, work)
+    moved = pkg.parent / f'{BUNDLE_DIR}.away'
+    (pkg / BUNDLE_DIR).rename(moved)
+    try:
+        r = subprocess.run([str(python), '-c', 'from timm_odevit.hub.demo import main; raise SystemExit(main())'],
+                           capture_output=True, text=True, timeout=300, env=env, cwd=str(work))
+    finally:
+        moved.rename(pkg / BUNDLE_DIR)
+    assert r.returncode == 1
+    assert 'missing a weights folder' in r.stdout and 'Fashion-MNIST sample' in r.stdout
+    assert 'pip install .' in r.stdout and '--no-demo' in r.stdout
