@@ -174,7 +174,7 @@ def test_ssog_accumulate_backward_gradcheck():
     from timm_odevit.layers.mixers import _SeparableMixFn
     torch.manual_seed(0)
     p = torch.randn(2, 3, 4, 5, dtype=torch.float64, requires_grad=True)
-    gx = torch.rand(2, 3, 4, 4, dtype=torch.float64, requires_grad=True)
+    gx = torch.rand(2, 3, 5, 5, dtype=torch.float64, requires_grad=True)
     gy = torch.rand(2, 3, 3, 3, dtype=torch.float64, requires_grad=True)
     assert torch.autograd.gradcheck(_SeparableMixFn.apply, (p, gx, gy))
 

@@ -83,19 +83,19 @@ def _separable_mix(vp: torch.Tensor, gx: torch.Tensor, gy: torch.Tensor) -> torc
 
 
 def _mix_accumulate(p: torch.Tensor, gx: torch.Tensor, gy: torch.Tensor) -> torch.Tensor:
-    """sum_k G^y_k P G^x_k^T on the head-major layout P [heads, H, W, c], accumulated one component at a time.
+    """sum_k G^y_k P G^x_k^T on the head-major layout P [heads, H, c, W], accumulated one component at a time.
 
-    The y axis is one bmm over heads ([H, H] @ [H, W * c]); the x axis is one bmm over (heads, rows) with G^x
-    broadcast over rows (a [heads * H, W, W] copy, small next to the values). Peak extra: two value-sized tensors.
+    With rows first and columns last, both axes are plain bmm over heads with no copy of the values: the y axis is
+    [H, H] @ [H, c * W], the x axis [H * c, W] @ [W, W]. Peak extra: one value-sized temporary and the result.
     """
-    h, H, W, c = p.shape
+    h, H, c, W = p.shape
     out = None
     for k in range(gx.shape[1]):
-        t = torch.bmm(gy[:, k], p.reshape(h, H, W * c)).reshape(h * H, W, c)
-        gxk = gx[:, k, None].expand(h, H, W, W).reshape(h * H, W, W)
-        out = torch.bmm(gxk, t) if out is None else out.baddbmm_(gxk, t)
+        t = torch.bmm(gy[:, k], p.reshape(h, H, c * W)).reshape(h, H * c, W)
+        gxt = gx[:, k].transpose(1, 2)
+        out = torch.bmm(t, gxt) if out is None else out.baddbmm_(t, gxt)
         del t
-    return out.reshape(h, H, W, c)
+    return out.reshape(h, H, c, W)
 
 
 class _SeparableMixFn(torch.autograd.Function):
@@ -111,25 +111,23 @@ class _SeparableMixFn(torch.autograd.Function):
     def backward(ctx, grad: torch.Tensor):
         p, gx, gy = ctx.saved_tensors
         grad = grad.contiguous().to(p.dtype)
-        h, H, W, c = p.shape
+        h, H, c, W = p.shape
         grad_p = grad_gx = grad_gy = None
         if ctx.needs_input_grad[0]:
             # Y = G^y P G^x^T  =>  dP = G^y^T dY G^x
             grad_p = _mix_accumulate(grad, gx.transpose(-1, -2), gy.transpose(-1, -2))
         if ctx.needs_input_grad[1] or ctx.needs_input_grad[2]:
             gxs, gys = [], []
-            g3 = grad.reshape(h * H, W, c)
             for k in range(gx.shape[1]):
                 if ctx.needs_input_grad[1]:
-                    # Y_k = B_k G^x_k^T with B_k = G^y_k P: dG^x_k = sum over rows of dY_row B_k_row^T
-                    b = torch.bmm(gy[:, k], p.reshape(h, H, W * c)).reshape(h * H, W, c)
-                    gxs.append(torch.bmm(g3, b.transpose(1, 2)).reshape(h, H, W, W).sum(1))
+                    # Y_k = B_k G^x_k^T with B_k = G^y_k P: dG^x_k = dY^T B_k over (rows, channels)
+                    b = torch.bmm(gy[:, k], p.reshape(h, H, c * W)).reshape(h, H * c, W)
+                    gxs.append(torch.bmm(grad.reshape(h, H * c, W).transpose(1, 2), b))
                     del b
                 if ctx.needs_input_grad[2]:
-                    # Y_k = G^y_k A_k with A_k = P G^x_k^T: dG^y_k = dY A_k^T over (columns, channels)
-                    gxk = gx[:, k, None].expand(h, H, W, W).reshape(h * H, W, W)
-                    a = torch.bmm(gxk, p.reshape(h * H, W, c)).reshape(h, H, W * c)
-                    gys.append(torch.bmm(grad.reshape(h, H, W * c), a.transpose(1, 2)))
+                    # Y_k = G^y_k A_k with A_k = P G^x_k^T: dG^y_k = dY A_k^T over (channels, columns)
+                    a = torch.bmm(p.reshape(h, H * c, W), gx[:, k].transpose(1, 2)).reshape(h, H, c * W)
+                    gys.append(torch.bmm(grad.reshape(h, H, c * W), a.transpose(1, 2)))
                     del a
             grad_gx = torch.stack(gxs, 1).to(gx.dtype) if gxs else None
             grad_gy = torch.stack(gys, 1).to(gy.dtype) if gys else None
@@ -265,10 +263,10 @@ class SeparableGaussianMixer(nn.Module):
         vp = v[:, num_prefix:].reshape(B, H, W, self.num_heads, self.head_dim)
         gx, gy = gx.to(v.dtype), gy.to(v.dtype)
         if self.mixing == 'accumulate':
-            # head-major [heads, H, W, B * d]: both axes become plain bmm, one component at a time
-            p = vp.permute(3, 1, 2, 0, 4).reshape(self.num_heads, H, W, B * self.head_dim)
+            # head-major [heads, H, B * d, W]: both axes become plain bmm, one component at a time
+            p = vp.permute(3, 1, 0, 4, 2).reshape(self.num_heads, H, B * self.head_dim, W)
             y = _SeparableMixFn.apply(p, gx, gy)
-            y = y.reshape(self.num_heads, H, W, B, self.head_dim).permute(3, 1, 2, 0, 4)
+            y = y.reshape(self.num_heads, H, B, self.head_dim, W).permute(2, 1, 4, 0, 3)
         elif torch.is_grad_enabled() and self.recompute_mixing and not self.within_checkpoint:
             # the x-axis result is K times the values: recompute it in backward instead of keeping it
             y = checkpoint(_separable_mix, vp, gx, gy, use_reentrant=False)
