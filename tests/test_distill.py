@@ -1,7 +1,9 @@
-"""Trajectory distillation: the task, its losses and time rules, plug-and-play init, and the training command."""
+"""Trajectory distillation: the task, its losses and time rules, plug-and-play init, and the training command with
+--teacher."""
 import csv
 import json
 import os
+import socket
 import subprocess
 import sys
 
@@ -18,7 +20,7 @@ from timm_odevit.distill import (
     LOSS_KEYS, TrajectoryDistillationTask, cls_distances, copy_from_teacher, indices_to_times, jasmin_loss,
     paper_times, solver_grid, uniform_times,
 )
-from timm_odevit.distill.__main__ import main as distill_main
+from timm_odevit.train import main as train_main
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SMALL_TEACHER = dict(img_size=32, patch_size=4, depth=3, num_classes=10)
@@ -268,16 +270,20 @@ def image_folder(tmp_path_factory):
 
 
 def command(image_folder: str, out: str, *extra: str) -> list:
-    return ['--dataset', '', '--data-dir', image_folder, '--num-classes', '3', '--model-kwargs', 'depth=3',
+    return ['--dataset', '', '--data-dir', image_folder, '--val-split', 'validation', '--num-classes', '3',
+            '--in-chans', '3', '--model', 'odevit_tiny_patch4_32', '--model-kwargs', 'depth=3',
             '--teacher', 'vit_tiny_patch16_224', '--teacher-kwargs', 'img_size=32', 'patch_size=4', 'depth=3',
             '--batch-size', '4', '--output', out, '--experiment', 'run', '--log-interval', '1', *extra]
 
 
 def test_torchrun_two_ranks_end_identical(image_folder, tmp_path):
     env = dict(os.environ, OMP_NUM_THREADS='1', PYTHONPATH=REPO)
-    cmd = [sys.executable, '-m', 'torch.distributed.run', '--nproc_per_node', '2', '--master_port', '29531',
-           '-m', 'timm_odevit.distill', *command(image_folder, str(tmp_path), '--epochs', '1',
-                                                  '--max-steps-per-epoch', '2', '--times', 'paper', '--model-ema')]
+    with socket.socket() as s:  # a free port: a fixed one collides with another test run on the machine
+        s.bind(('127.0.0.1', 0))
+        port = s.getsockname()[1]
+    cmd = [sys.executable, '-m', 'torch.distributed.run', '--nproc_per_node', '2', '--master_port', str(port),
+           '-m', 'timm_odevit.train', *command(image_folder, str(tmp_path), '--epochs', '1',
+                                                '--max-steps-per-epoch', '2', '--times', 'paper', '--model-ema')]
     proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-4000:]
     results = json.load(open(tmp_path / 'run' / 'results.json'))
@@ -289,11 +295,11 @@ def test_torchrun_two_ranks_end_identical(image_folder, tmp_path):
 
 
 def test_resume_continues_from_saved_epoch(image_folder, tmp_path):
-    first = distill_main(command(image_folder, str(tmp_path), '--epochs', '1', '--max-steps-per-epoch', '2'))
+    first = train_main(command(image_folder, str(tmp_path), '--epochs', '1', '--max-steps-per-epoch', '2'))
     run = tmp_path / 'run'
     assert torch.load(run / 'last.pth.tar', map_location='cpu', weights_only=False)['epoch'] == 0
     saved = torch.load(run / 'last.pth.tar', map_location='cpu', weights_only=False)['state_dict']
-    second = distill_main(command(image_folder, str(tmp_path), '--epochs', '2', '--max-steps-per-epoch', '2',
+    second = train_main(command(image_folder, str(tmp_path), '--epochs', '2', '--max-steps-per-epoch', '2',
                                   '--resume', str(run / 'last.pth.tar')))
     with open(run / 'summary.csv') as f:
         epochs = [int(r['epoch']) for r in csv.DictReader(f)]

@@ -12,9 +12,17 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-__all__ = ['evaluate']
+__all__ = ['evaluate', 'parse_solver']
 
 Batches = Union[Iterable[Tuple[torch.Tensor, torch.Tensor]], Tuple[torch.Tensor, torch.Tensor]]
+
+
+def parse_solver(text: str) -> Tuple[str, int]:
+    """'rk4:6' -> ('rk4', 6): how an ODE model is solved for an evaluation (``model.set_solver(method, steps)``)."""
+    method, sep, steps = text.partition(':')
+    if not sep or not steps.isdigit() or int(steps) < 1:
+        raise ValueError(f"A solver is 'method:steps' with steps >= 1 (e.g. 'euler:12', 'rk4:3'), got {text!r}.")
+    return method, int(steps)
 
 
 def _batches(data: Batches, batch_size: int) -> Iterable[Tuple[torch.Tensor, torch.Tensor]]:

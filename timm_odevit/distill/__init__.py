@@ -1,6 +1,7 @@
 """Trajectory distillation: a discrete ViT teacher guides the depth trajectory of an ODE (or looped) student.
 
-``TrajectoryDistillationTask`` is a ``timm.task.TrainingTask``; ``python -m timm_odevit.distill`` trains with it.
+``TrajectoryDistillationTask`` is a ``timm.task.TrainingTask``; ``python -m timm_odevit.train --teacher ...`` trains
+with it.
 """
 from .init import COPYABLE_PARTS, copy_from_teacher
 from .losses import cls_attention_loss, jasmin_loss, logit_kd_loss, state_matching_loss

@@ -359,14 +359,24 @@ class TrajectoryDistillationTask(TrainingTask):
         self.trainable_module = DDP(self.trainable_module, device_ids=device_ids, **ddp_kwargs)
         return self
 
+    def compile(
+            self,
+            backend: str = 'inductor',
+            mode: Optional[str] = None,
+            **compile_kwargs: Any,
+    ) -> nn.Module:
+        """Compile the student's training forward (student and projection) before DDP wrapping; the frozen
+        teacher runs eagerly under no_grad. Returns the (uncompiled) student that validation uses."""
+        self.trainable_module = torch.compile(self.trainable_module, backend=backend, mode=mode, **compile_kwargs)
+        return self.get_eval_model()
+
     def get_eval_model(self, module: Optional[nn.Module] = None, ema: bool = False) -> Optional[nn.Module]:
         current = super().get_eval_model(module=module, ema=ema)
-        resolved = current
-        while current is not None:
-            if isinstance(current, TrajectoryTrainableModule):
-                return current.student
-            current = getattr(current, 'module', None)
-        return resolved
+        # under DDP (.module) or torch.compile (._orig_mod) the student sits inside the wrapper
+        trainable = unwrap_model(current) if current is not None else None
+        if isinstance(trainable, TrajectoryTrainableModule):
+            return trainable.student
+        return current
 
     def get_task_state(self, module: Optional[nn.Module] = None, ema: bool = False) -> Dict[str, Any]:
         module = module if module is not None else self.get_trainable_module(ema=ema)

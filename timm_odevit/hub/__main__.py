@@ -9,36 +9,34 @@ from typing import List, Optional
 from . import ORG
 
 
-def _evaluate_cmd(folder: str, data: str, solver: Optional[str] = None) -> str:
-    return f'python -m timm_odevit.hub evaluate {folder} --data {data}' + (f' --solver {solver}' if solver else '')
-
-
 def evaluate_folder(folder: str, data: str = 'sample', solver: Optional[str] = None) -> dict:
     """Top-1 of the weights in ``folder`` (loaded with timm's ``local-dir:``) on the sample or the full test set;
     ``solver`` ('method:steps') solves an ODE model's trunk another way than its registered default."""
     import timm
     import timm_odevit  # noqa: F401  (registers the architectures config.json names)
     from .. import data as fm
-    from .recipe import evaluate
+    from ..evaluate import evaluate, parse_solver
     src = {'sample': fm.SAMPLE_DIR, 'full': fm.DEBIAN_FASHION_MNIST}.get(data, data)
     model = timm.create_model(f'local-dir:{Path(folder).resolve()}', pretrained=True)
     if solver:
-        from ..study.elasticity import parse_solver
         if not hasattr(model.trunk, 'set_solver'):
             raise ValueError(f'--solver needs an ODE model; {folder} holds a {type(model.trunk).__name__} trunk.')
         method, steps = parse_solver(solver)
         model.trunk.set_solver(method=method, steps=steps)
-    return evaluate(model, str(src))
+    return evaluate(model, fm.load_tensors(src, 'test', model=model))
 
 
 def main(argv: Optional[List[str]] = None) -> int:
     p = argparse.ArgumentParser(prog='python -m timm_odevit.hub', description=__doc__)
     sub = p.add_subparsers(dest='cmd', required=True)
 
-    e = sub.add_parser('export', help='export a trained checkpoint to <root>/<arch>.<tag>/ and update the manifest')
-    e.add_argument('checkpoint')
-    e.add_argument('--tag', required=True)
-    e.add_argument('--arch', default=None, help='default: the checkpoint\'s "arch"')
+    e = sub.add_parser('export', help='export a checkpoint of python -m timm_odevit.train to <root>/<arch>.<tag>/ '
+                                      'and update the manifest')
+    e.add_argument('checkpoint', help='e.g. output/train/<run>/last.pth.tar')
+    e.add_argument('--tag', required=True, help='what the weights are, e.g. fmnist or fmnist_64px')
+    e.add_argument('--arch', default=None, help="default: the checkpoint's --model")
+    e.add_argument('--img-size', type=int, default=32, help='input size the exported config.json records')
+    e.add_argument('--description', default=None, help='model card description')
     e.add_argument('--root', default='weights')
     e.add_argument('--use-ema', action='store_true')
     e.add_argument('--no-full', action='store_true', help='skip the full Fashion-MNIST test set')
@@ -80,25 +78,11 @@ def main(argv: Optional[List[str]] = None) -> int:
 
     if a.cmd == 'export':
         import timm_odevit  # noqa: F401
-        import torch
-        from .. import data as fm
-        from .export import export, model_card, model_from_checkpoint
-        from .recipe import evaluate
-        model = model_from_checkpoint(a.checkpoint, a.arch, a.use_ema)
-        arch = a.arch or torch.load(a.checkpoint, map_location='cpu', weights_only=True)['arch']
-        ckpt = torch.load(a.checkpoint, map_location='cpu', weights_only=True)
-        folder = f'{a.root}/{arch}.{a.tag}'
-        metrics = {}
-        for name, src in (('Fashion-MNIST sample (1,000 test images, bundled)', fm.SAMPLE_DIR),
-                          ('Fashion-MNIST test set (10,000 images)', fm.DEBIAN_FASHION_MNIST)):
-            if src == fm.DEBIAN_FASHION_MNIST and (a.no_full or not src.is_dir()):
-                continue
-            r = evaluate(model, str(src))
-            r['command'] = _evaluate_cmd(folder, 'sample' if src == fm.SAMPLE_DIR else 'full')
-            metrics[name] = r
-        card = model_card(arch, a.tag, model, metrics, ckpt.get('recipe'))
-        repo = export(model, arch, a.tag, a.root, card)
-        print(json.dumps({'repo': str(repo), **{k: v['top1'] for k, v in metrics.items()}}))
+        from ..models.pretrained import FMNIST_CFG
+        from .export import export_checkpoint
+        cfg = dict(FMNIST_CFG, input_size=(1, a.img_size, a.img_size))
+        print(json.dumps(export_checkpoint(a.checkpoint, a.tag, a.root, cfg, a.description, not a.no_full,
+                                           a.use_ema, a.arch)))
     elif a.cmd == 'manifest':
         from .verify import write_manifest
         print(write_manifest(Path(a.root)))

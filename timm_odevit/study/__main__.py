@@ -38,12 +38,10 @@ def main(argv: Optional[List[str]] = None) -> int:
     el.add_argument('--test-samples', type=int, default=2000, help='first n Fashion-MNIST test images')
     el.add_argument('--solvers', nargs='+', default=['euler:3', 'euler:6', 'euler:12', 'euler:23', 'euler:24',
                                                      'rk4:3', 'rk4:6'], help='method:steps')
-    ex = sub.add_parser('export', help='export the best run of each family (or --run) to weights/<arch>.<tag>')
+    ex = sub.add_parser('export', help='export the best run of each family to weights/<arch>.<tag> (one run folder: '
+                                       'python -m timm_odevit.hub export <run>/last.pth.tar)')
     ex.add_argument('--out-dir', default=DEFAULT_OUT)
-    ex.add_argument('--run', default=None, help='one run folder of `python -m timm_odevit.distill` instead')
-    ex.add_argument('--tag', default=None, help="default: 'fmnist' (study runs); required with --run")
-    ex.add_argument('--img-size', type=int, default=32, help='input size of the exported cfg (with --run)')
-    ex.add_argument('--description', default=None, help='model card description (with --run)')
+    ex.add_argument('--tag', default=None, help="default: 'fmnist'")
     ex.add_argument('--archs', nargs='+', default=None, help='only these architectures')
     ex.add_argument('--root', default='weights')
     ex.add_argument('--no-full', action='store_true', help='skip the full Fashion-MNIST test set')
@@ -73,12 +71,6 @@ def main(argv: Optional[List[str]] = None) -> int:
         import json
         from ..models.pretrained import FMNIST_CFG, FMNIST_TAG
         from .export import best_runs, export_run
-        if a.run:
-            if not a.tag:
-                p.error('--run needs --tag (name it after what the weights are, e.g. fmnist_64px)')
-            cfg = dict(FMNIST_CFG, input_size=(1, a.img_size, a.img_size))
-            print(json.dumps(export_run(Path(a.run), a.tag, cfg, a.root, a.description, not a.no_full)))
-            return 0
         runs = best_runs(Path(a.out_dir))
         if not runs:
             p.error(f'no finished runs under {a.out_dir}/runs')

@@ -2,37 +2,19 @@
 interval), top-1 against the number of field evaluations (NFE) per image; elasticity.csv and elasticity.png."""
 import csv
 from pathlib import Path
-from typing import Dict, List, Sequence, Tuple
+from typing import Dict, List, Sequence
 
-import torch
-
+from ..evaluate import evaluate, parse_solver
 from .runs import SETTINGS
 
-__all__ = ['parse_solver', 'write_elasticity']
-
-
-def parse_solver(text: str) -> Tuple[str, int]:
-    """'rk4:6' -> ('rk4', 6)."""
-    method, sep, steps = text.partition(':')
-    if not sep or not steps.isdigit() or int(steps) < 1:
-        raise ValueError(f"A solver is 'method:steps' with steps >= 1 (e.g. 'euler:12', 'rk4:3'), got {text!r}.")
-    return method, int(steps)
-
-
-@torch.no_grad()
-def _top1_and_nfe(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, batch_size: int = 250) -> Tuple[float, int]:
-    correct, nfe = 0, 0
-    for i in range(0, len(x), batch_size):
-        correct += (model(x[i:i + batch_size]).argmax(-1) == y[i:i + batch_size]).sum().item()
-        nfe = model.trunk.nfe  # per forward, the same for every batch on a fixed grid
-    return 100. * correct / len(x), nfe
+__all__ = ['write_elasticity']
 
 
 def write_elasticity(root: Path, solvers: Sequence[str], test_samples: int = 2000) -> str:
     """Evaluate every finished ODE run of the study under each ``solvers`` entry; returns a Markdown table."""
     from .. import data as fm
     from ..models.pretrained import FMNIST_CFG
-    from .export import model_from_run
+    from ..train import model_from_checkpoint
     root = Path(root)
     parsed = [parse_solver(s) for s in solvers]
     rows: List[Dict[str, object]] = []
@@ -41,14 +23,14 @@ def write_elasticity(root: Path, solvers: Sequence[str], test_samples: int = 200
         for run_path in sorted((root / 'runs').glob(f'{arch}-seed*')):
             if not (run_path / 'results.json').is_file():
                 continue
-            model = model_from_run(run_path, FMNIST_CFG)
+            model = model_from_checkpoint(str(run_path / 'last.pth.tar'), pretrained_cfg=FMNIST_CFG)
             if x is None:
                 x, y = fm.load_tensors(None, 'test', model=model, limit=test_samples)
             for method, steps in parsed:
                 model.trunk.set_solver(method=method, steps=steps)
-                top1, nfe = _top1_and_nfe(model, x, y)
+                r = evaluate(model, (x, y))
                 rows.append({'arch': arch, 'seed': int(run_path.name.rsplit('seed', 1)[1]), 'method': method,
-                             'steps': steps, 'nfe': nfe, 'top1': round(top1, 2)})
+                             'steps': steps, 'nfe': round(r['nfe']), 'top1': round(r['top1'], 2)})
     if not rows:
         raise FileNotFoundError(f'No finished ODE runs under {root / "runs"}: run `python -m timm_odevit.study run`.')
     with open(root / 'elasticity.csv', 'w', newline='') as f:

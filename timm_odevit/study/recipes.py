@@ -7,22 +7,16 @@ from typing import Any, Dict, List
 import yaml
 
 from ..data import FASHION_MNIST_MEAN, FASHION_MNIST_STD
-from ..distill.__main__ import _kwargs
-from .runs import SETTINGS, StudyRecipe
+from ..models.families import FAMILIES
+from .runs import STUDY_KWARGS, StudyRecipe
 
-__all__ = ['FAMILIES', 'fmnist_recipe', 'cifar100_recipe', 'write_recipes']
-
-# family -> (setting, prefix of its entrypoints)
-FAMILIES: Dict[str, str] = {}
-for _setting, (_dense, _ssog, _) in SETTINGS.items():
-    for _arch in (_dense, _ssog):
-        FAMILIES[_arch[:-len('_tiny_patch4_32')]] = _setting
+__all__ = ['fmnist_recipe', 'cifar100_recipe', 'write_recipes']
 
 FMNIST_EPOCHS = 30
 
 
 def _model_kwargs(family: str) -> Dict[str, Any]:
-    return _kwargs(SETTINGS[FAMILIES[family]][2])
+    return dict(STUDY_KWARGS.get(FAMILIES[family].depth, {}))
 
 
 def fmnist_recipe(family: str) -> Dict[str, Any]:

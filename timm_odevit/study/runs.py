@@ -1,7 +1,7 @@
 """The matched Fashion-MNIST study: which runs exist, and a resumable runner that trains them one by one.
 
-Every run is ``python -m timm_odevit.distill`` without a teacher (timm's ClassificationTask, timm's optimizer,
-scheduler, checkpoint saver and summary.csv), launched in its own process with a fixed thread count. Runs are
+Every run is ``python -m timm_odevit.train`` (timm's ClassificationTask, timm's optimizer, scheduler, checkpoint
+saver and summary.csv), launched in its own process with a fixed thread count. Runs are
 claimed through lock files, so several runners (one per core) can work through one study side by side, and a
 killed runner's run resumes from its last epoch (``last.pth.tar``) the next time any runner reaches it.
 """
@@ -13,18 +13,22 @@ import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
+
+from ..models.families import SETTINGS as FAMILY_SETTINGS, model_name
 
 __all__ = ['SETTINGS', 'StudyRecipe', 'Run', 'study_runs', 'run_dir', 'is_done', 'train_command', 'run_study']
 
 _logger = logging.getLogger(__name__)
 
+# model kwargs the study gives both models of a setting: ODE-ViT's Base grid (24 points, Euler on [0, 12]); with
+# 12 steps (h = 1) Euler would be the looped trunk
+STUDY_KWARGS: Dict[str, Dict[str, Any]] = {'ode': {'ode_steps': 23}}
 # setting -> (dense twin, SSoG model, model kwargs shared by both); tiny width, patch 4 at 32 px
-SETTINGS: Dict[str, Tuple[str, str, Tuple[str, ...]]] = {
-    'discrete': ('dense_vit_tiny_patch4_32', 'ssog_vit_tiny_patch4_32', ()),
-    'looped': ('looped_vit_tiny_patch4_32', 'looped_ssog_tiny_patch4_32', ()),
-    # ODE-ViT's Base grid (24 points, Euler on [0, 12]); with 12 steps (h = 1) Euler would be the looped trunk
-    'ode': ('odevit_tiny_patch4_32', 'ssog_ode_tiny_patch4_32', ('ode_steps=23',)),
+SETTINGS: Dict[str, Tuple[str, str, Dict[str, Any]]] = {
+    depth: (model_name(dense, 'tiny', small_image=True), model_name(ssog, 'tiny', small_image=True),
+            STUDY_KWARGS.get(depth, {}))
+    for depth, (ssog, dense) in FAMILY_SETTINGS.items()
 }
 
 
@@ -65,7 +69,7 @@ def study_runs(seeds: Sequence[int] = (0, 1), settings: Optional[Sequence[str]] 
     unknown = [s for s in names if s not in SETTINGS]
     if unknown:
         raise ValueError(f'Unknown setting(s) {unknown}; choose from {list(SETTINGS)}.')
-    return [Run(s, arch, seed, SETTINGS[s][2]) for seed in seeds for s in names for arch in SETTINGS[s][:2]]
+    return [Run(s, arch, seed, tuple(f'{k}={v}' for k, v in SETTINGS[s][2].items())) for seed in seeds for s in names for arch in SETTINGS[s][:2]]
 
 
 def run_dir(root: Path, run: Run) -> Path:
@@ -80,7 +84,7 @@ def train_command(root: Path, run: Run, recipe: StudyRecipe, data_dir: Optional[
     """The command line of one run (what the README and the logs show); ``data_dir``: Fashion-MNIST IDX files
     (default: Debian's package)."""
     r = asdict(recipe)
-    cmd = [sys.executable, '-m', 'timm_odevit.distill', '--model', run.arch, '--seed', str(run.seed),
+    cmd = [sys.executable, '-m', 'timm_odevit.train', '--model', run.arch, '--seed', str(run.seed),
            '--output', str(Path(root) / 'runs'), '--experiment', run.name, '--log-interval', '20']
     for key in ('train_samples', 'val_samples', 'epochs', 'batch_size', 'lr', 'weight_decay', 'warmup_epochs',
                 'min_lr', 'clip_grad', 'in_chans'):
@@ -168,7 +172,8 @@ def run_study(
             run_dir(root, run).mkdir(parents=True, exist_ok=True)
             t0 = time.time()
             _logger.info('%s: %s', run.name, ' '.join(cmd[1:]))
-            with open(run_dir(root, run) / 'train.log', 'a') as log:
+            # the command logs to train.log itself; its console (tracebacks included) goes to console.log
+            with open(run_dir(root, run) / 'console.log', 'a') as log:
                 rc = subprocess.call(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
             seconds = time.time() - t0
             if rc == 0 and is_done(root, run):
@@ -176,7 +181,7 @@ def run_study(
                     f.write(f'{seconds:.1f}\n')
                 yield run, 'trained'
             else:
-                _logger.error('%s failed (exit %d); see %s', run.name, rc, run_dir(root, run) / 'train.log')
+                _logger.error('%s failed (exit %d); see %s', run.name, rc, run_dir(root, run) / 'console.log')
                 yield run, 'failed'
         finally:
             _release(root, run)

@@ -43,8 +43,9 @@ __all__ = ['parse_args', 'build_task', 'format_command', 'main', 'PROG']
 _logger = logging.getLogger('timm_odevit.train')
 
 PROG = 'python -m timm_odevit.train'
-# options that say where a run goes or how it logs, not what it trains: a card's command leaves them out
-RUN_PLACE_OPTIONS = ('output', 'experiment', 'resume', 'log_interval', 'checkpoint_hist', 'device', 'workers')
+# where a run reads and writes and how it logs, not what it trains: a card's command leaves them out
+RUN_PLACE_OPTIONS = ('output', 'experiment', 'resume', 'log_interval', 'checkpoint_hist', 'device', 'workers',
+                     'data_dir')
 # options a resumed run must share with its checkpoint: anything else would load into another model
 ARCH_OPTIONS = ('model', 'model_kwargs', 'num_classes', 'in_chans', 'teacher')
 
