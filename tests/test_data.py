@@ -89,3 +89,35 @@ def test_load_tensors_indices_and_limit(tmp_path):
     assert x.shape == (5, 1, 32, 32) and torch.equal(xi[0], x[4]) and torch.equal(yi, y[[4, 0]])
     with pytest.raises(ValueError, match='no train images'):
         fm.load_tensors(fm.SAMPLE_DIR, 'train', model=model, cache_root=tmp_path)
+
+
+def test_cache_is_one_folder_under_xdg_and_rebuilds_a_poisoned_entry(tmp_path, monkeypatch):
+    monkeypatch.setenv('XDG_CACHE_HOME', str(tmp_path / 'xdg'))
+    root = fm.prepare_fashion_mnist(fm.SAMPLE_DIR)
+    assert root.parent == tmp_path / 'xdg' / 'timm_odevit' / 'fashion_mnist'
+    raw = root / 'FashionMNIST' / 'raw'
+    images = raw / fm.IDX_FILES['test'][0]
+    good = images.read_bytes()
+    # what an interrupted copy leaves: the file holds its 16-byte header only
+    images.write_bytes(good[:16])
+    assert fm.prepare_fashion_mnist(fm.SAMPLE_DIR) == root
+    assert images.read_bytes() == good
+    assert len(fm.fashion_mnist_dataset(root, 'test')) == 1000
+    # a same-size file from another source (fewer images than the source) is rebuilt too
+    labels = raw / fm.IDX_FILES['test'][1]
+    labels.write_bytes(labels.read_bytes()[:8].replace(b'\x00\x00\x03\xe8', b'\x00\x00\x00\x00'))
+    fm.prepare_fashion_mnist(fm.SAMPLE_DIR)
+    assert len(fm.fashion_mnist_dataset(root, 'test')) == 1000
+    # nothing but the entry is left in the cache (the temporary folders are gone)
+    assert [p.name for p in root.parent.iterdir()] == [root.name]
+
+
+def test_build_dataset_subsets_and_refuses_bad_input(tmp_path, monkeypatch):
+    monkeypatch.setenv('XDG_CACHE_HOME', str(tmp_path / 'xdg'))
+    ds = fm.build_dataset('fashion_mnist', fm.SAMPLE_DIR, 'validation', num_samples=10, seed=1, mode='L')
+    again = fm.build_dataset('fashion_mnist', fm.SAMPLE_DIR, 'test', num_samples=10, seed=1, mode='L')
+    assert len(ds) == 10 and ds.indices == again.indices and ds[0][0].mode == 'L'
+    with pytest.raises(ValueError, match='at least one'):
+        fm.build_dataset('fashion_mnist', fm.SAMPLE_DIR, 'test', num_samples=0)
+    with pytest.raises(FileNotFoundError, match='does not exist'):
+        fm.build_dataset('fashion_mnist', tmp_path / 'missing', 'test')

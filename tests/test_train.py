@@ -1,0 +1,163 @@
+"""The training command (python -m timm_odevit.train), its checkpoint loader and the evaluation loop."""
+import csv
+import json
+import shlex
+
+import pytest
+import torch
+
+import timm
+import timm_odevit  # noqa: F401
+from timm_odevit import data as fm
+from timm_odevit.evaluate import evaluate, parse_solver
+from timm_odevit.train import format_command, main, model_from_checkpoint, parse_args, read_checkpoint
+from timm_odevit.train.command import RUN_PLACE_OPTIONS, input_stats
+
+ARCH = 'ssog_vit_tiny_patch4_32'
+
+
+def command(out, *extra: str) -> list:
+    # the bundled sample holds the test split only: it serves as both splits here
+    return ['--data-dir', str(fm.SAMPLE_DIR), '--train-split', 'test', '--model', ARCH, '--model-kwargs', 'depth=2',
+            '--train-samples', '32', '--val-samples', '16', '--batch-size', '8', '--max-steps-per-epoch', '2',
+            '--output', str(out), '--experiment', 'run', '--log-interval', '1', *extra]
+
+
+@pytest.fixture(autouse=True)
+def own_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv('XDG_CACHE_HOME', str(tmp_path / 'cache'))
+
+
+def test_bf16_augment_ema_resume_and_rerun(tmp_path):
+    extra = ('--amp', 'bf16', '--augment', '--model-ema')
+    first = main(command(tmp_path, '--epochs', '1', *extra))
+    run = tmp_path / 'run'
+    ckpt = read_checkpoint(str(run / 'last.pth.tar'))
+    assert ckpt['epoch'] == 0 and 'state_dict_ema' in ckpt
+    # bf16 autocast leaves the weights in fp32
+    assert all(v.dtype == torch.float32 for v in ckpt['state_dict'].values() if v.is_floating_point())
+    assert first['history'][0]['nfe'] == 2 and 0 <= first['top1'] <= 100 and 'ema_top1' in first
+    assert (run / 'command.txt').read_text().startswith('python -m timm_odevit.train --data-dir')
+    assert 'img/s' in (run / 'train.log').read_text()
+
+    second = main(command(tmp_path, '--epochs', '2', '--resume', str(run / 'last.pth.tar'), *extra))
+    with open(run / 'summary.csv') as f:
+        assert [int(r['epoch']) for r in csv.DictReader(f)] == [0, 1]  # the resumed run trained epoch 1 only
+    assert [h['epoch'] for h in second['history']] == [0, 1] and second['history'][0] == first['history'][0]
+    steps = {float(s['step']) for s in read_checkpoint(str(run / 'last.pth.tar'))['optimizer']['state'].values()}
+    assert steps == {4.}  # Adam continued from the first run's 2 steps
+
+    # a finished run resumed again trains nothing and keeps its record
+    third = main(command(tmp_path, '--epochs', '2', '--resume', str(run / 'last.pth.tar'), *extra))
+    saved = json.loads((run / 'results.json').read_text())
+    assert saved['history'] == second['history'] and saved['top1'] == pytest.approx(second['top1'])
+    assert third['loss'] == pytest.approx(second['loss'], rel=1e-3)
+
+
+def test_resume_refuses_another_architecture(tmp_path):
+    main(command(tmp_path, '--epochs', '1'))
+    last = str(tmp_path / 'run' / 'last.pth.tar')
+    with pytest.raises(ValueError, match='depth'):
+        main(command(tmp_path, '--epochs', '2', '--resume', last, '--model-kwargs', 'depth=3'))
+    with pytest.raises(ValueError, match='looped_ssog'):
+        main(command(tmp_path, '--epochs', '2', '--resume', last, '--model', 'looped_ssog_tiny_patch4_32'))
+
+
+def test_torchcompile_checkpoint_has_plain_keys(tmp_path):
+    result = main(command(tmp_path, '--epochs', '1', '--torchcompile', 'eager'))
+    sd = read_checkpoint(str(tmp_path / 'run' / 'last.pth.tar'))['state_dict']
+    assert not any(k.startswith(('_orig_mod.', 'module.')) for k in sd)
+    model = model_from_checkpoint(str(tmp_path / 'run' / 'last.pth.tar'), depth=2)
+    assert result['history'][0]['nfe'] == 2 and model.nfe == 0
+
+
+@pytest.mark.parametrize('argv, message', [
+    (['--train-samples', '-5'], '--train-samples must be at least 1'),
+    (['--val-samples', '0'], '--val-samples must be at least 1'),
+    (['--epochs', '0'], '--epochs must be at least 1'),
+    (['--data-dir', '/nonexistent/fmnist'], '/nonexistent/fmnist does not exist'),
+    (['--resume', '/nonexistent/last.pth.tar'], 'no such checkpoint'),
+])
+def test_bad_options_fail_early_and_say_why(argv, message, capsys):
+    with pytest.raises(SystemExit):
+        parse_args(argv)
+    assert message in capsys.readouterr().err
+
+
+def test_data_dir_without_a_train_split_says_so(tmp_path):
+    with pytest.raises(ValueError, match='no train images'):
+        main(['--data-dir', str(fm.SAMPLE_DIR), '--output', str(tmp_path), '--epochs', '1'])
+
+
+def test_card_command_reparses_to_the_same_options():
+    args = parse_args(['--model', ARCH, '--model-kwargs', 'depth=2', 'ode_method=rk4', '--augment', '--amp', 'bf16',
+                       '--lr', '2e-3', '--mean', '0.5', '--std', '0.2', '--output', 'somewhere'])
+    line = format_command(vars(args), threads=2)
+    assert line.startswith('OMP_NUM_THREADS=2 python -m timm_odevit.train --model ') and 'somewhere' not in line
+    again = vars(parse_args(shlex.split(line)[4:]))
+    assert {k: v for k, v in again.items() if k not in RUN_PLACE_OPTIONS} == \
+        {k: v for k, v in vars(args).items() if k not in RUN_PLACE_OPTIONS}
+
+
+def test_input_stats():
+    """Grey Fashion-MNIST uses its own statistics; a 1-channel run on another dataset must say its mean and std."""
+    cfg = {'mean': (0.485, 0.456, 0.406), 'std': (0.229, 0.224, 0.225)}
+    assert input_stats(parse_args([]), cfg) == (fm.FASHION_MNIST_MEAN, fm.FASHION_MNIST_STD)
+    assert input_stats(parse_args(['--in-chans', '3']), cfg) == (cfg['mean'], cfg['std'])
+    with pytest.raises(ValueError, match='pass --mean and --std'):
+        input_stats(parse_args(['--dataset', '']), cfg)
+    assert input_stats(parse_args(['--dataset', '', '--mean', '0.5', '--std', '0.2']), cfg) == ((0.5,), (0.2,))
+
+
+# ------------------------------------------------------------------------------------------------ checkpoint loader
+def test_model_from_checkpoint_strips_wrapper_prefixes(tmp_path):
+    torch.manual_seed(0)
+    model = timm.create_model(ARCH, num_classes=10, in_chans=1, depth=2)
+    sd = model.state_dict()
+    for i, prefix in enumerate(('module.', '_orig_mod.', '_orig_mod.module.')):
+        path = tmp_path / f'{i}.pth'
+        torch.save({'arch': ARCH, 'state_dict': {prefix + k: v for k, v in sd.items()}}, path)
+        loaded = model_from_checkpoint(str(path), depth=2)
+        assert not loaded.training and loaded.pretrained_cfg['architecture'] == ARCH
+        assert all(torch.equal(loaded.state_dict()[k], v) for k, v in sd.items())
+    with pytest.raises(ValueError, match='architecture'):
+        torch.save({'state_dict': sd}, tmp_path / 'anon.pth')
+        model_from_checkpoint(str(tmp_path / 'anon.pth'))
+
+
+# ------------------------------------------------------------------------------------------------ evaluation
+def test_evaluate_top1_and_nfe_on_tensors_and_loaders():
+    torch.manual_seed(0)
+    model = timm.create_model('ssog_ode_tiny_patch4_32', num_classes=10, in_chans=1, ode_steps=5)
+    x, y = torch.randn(10, 1, 32, 32), torch.randint(0, 10, (10,))
+    with torch.no_grad():
+        expected = 100. * (model.eval()(x).argmax(-1) == y).sum().item() / 10
+    r = evaluate(model, (x, y), batch_size=4)
+    assert r['top1'] == pytest.approx(expected) and r['n'] == 10 and r['nfe'] == 5
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=3)
+    assert evaluate(model, loader)['correct'] == r['correct']
+    assert evaluate(model, (x, y), amp_dtype=torch.bfloat16)['nfe'] == 5
+    model.set_solver(method='rk4', steps=2)
+    assert evaluate(model, (x, y))['nfe'] == 8  # four field evaluations per rk4 step
+    vit = timm.create_model('vit_tiny_patch16_224', img_size=32, patch_size=8, depth=1, num_classes=10, in_chans=1)
+    assert evaluate(vit, (x, y))['nfe'] is None
+    with pytest.raises(ValueError, match='no images'):
+        evaluate(model, [])
+    assert parse_solver('rk4:6') == ('rk4', 6)
+    with pytest.raises(ValueError, match='method:steps'):
+        parse_solver('euler')
+
+
+def test_augment_batch_flips_and_shifts_each_image_alone():
+    x = torch.randn(64, 1, 8, 8)
+    out = fm.augment_batch(x, shift=1, generator=torch.Generator().manual_seed(0))
+    assert out.shape == x.shape
+    kinds = set()
+    for i in range(len(x)):
+        # every output is one of the 2 x 9 flips/shifts of its own input (edge-padded), never another image's
+        padded = [torch.nn.functional.pad(v[None], (1,) * 4, mode='replicate')[0] for v in (x[i], x[i].flip(-1))]
+        hits = [(f, dy, dx) for f, v in enumerate(padded) for dy in range(3) for dx in range(3)
+                if torch.equal(v[:, dy:dy + 8, dx:dx + 8], out[i])]
+        assert hits, f'image {i} is not a flip/shift of its input'
+        kinds.update(hits)
+    assert {k[0] for k in kinds} == {0, 1} and len({k[1:] for k in kinds}) > 4
