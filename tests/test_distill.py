@@ -311,3 +311,17 @@ def test_resume_continues_from_saved_epoch(image_folder, tmp_path):
     assert steps == {4.}
     assert any(not torch.equal(saved[k], ckpt['state_dict'][k]) for k in saved)
     assert first['epochs'] == 1 and second['epochs'] == 2
+
+
+def test_compile_wraps_the_student_and_keeps_eval_and_checkpoint_plain(batch):
+    """--torchcompile with a teacher: the trainable student is compiled, validation and checkpoints see the plain
+    student (no '_orig_mod.' keys)."""
+    task = TrajectoryDistillationTask(make_student(), make_teacher(), verbose=False)
+    student = task.get_eval_model()
+    assert task.compile(backend='eager') is student
+    assert task.trainable_module is not None and hasattr(task.trainable_module, '_orig_mod')
+    assert task.get_eval_model() is student
+    assert not any(k.startswith('_orig_mod.') for k in task.get_checkpoint_state()['state_dict'])
+    x, y = batch
+    out = task(x, y)
+    assert torch.isfinite(out['loss'])

@@ -161,3 +161,17 @@ def test_augment_batch_flips_and_shifts_each_image_alone():
         assert hits, f'image {i} is not a flip/shift of its input'
         kinds.update(hits)
     assert {k[0] for k in kinds} == {0, 1} and len({k[1:] for k in kinds}) > 4
+
+
+def test_resumed_run_ends_bit_identical_to_uninterrupted(tmp_path):
+    """Data order, augmentation, optimizer, schedule and EMA continue exactly: resuming after epoch 0 ends with
+    the weights of the uninterrupted run (same seed, CPU)."""
+    extra = ('--augment', '--model-ema', '--warmup-epochs', '1')
+    whole = main(command(tmp_path / 'whole', '--epochs', '2', *extra))
+    # an interruption after epoch 0: resume the checkpoint of epoch 0 in a fresh folder
+    resumed = main(command(tmp_path / 'whole_again', '--epochs', '2', '--resume',
+                           str(tmp_path / 'whole' / 'run' / 'checkpoint-0.pth.tar'), *extra))
+    assert resumed['rank_state_sha256'] == whole['rank_state_sha256']
+    ema = [read_checkpoint(str(p / 'run' / 'last.pth.tar'))['state_dict_ema'] for p in (tmp_path / 'whole',
+                                                                                           tmp_path / 'whole_again')]
+    assert all(torch.equal(ema[0][k], ema[1][k]) for k in ema[0])

@@ -351,6 +351,9 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
             loader_train.sampler.set_epoch(epoch)
         if hasattr(task, 'set_epoch'):
             task.set_epoch(epoch)
+        # each epoch's randomness (data order, augmentation, dropout) depends on the seed and the epoch alone, so a
+        # run resumed from an epoch's checkpoint continues bit for bit as the uninterrupted run would have
+        random_seed(args.seed + 1000 * epoch, rank)
         task.train()
         meters = {k: AverageMeter() for k in ('loss',) + (LOSS_KEYS if args.teacher else ())}
         t0 = time.time()
