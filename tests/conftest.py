@@ -1,4 +1,5 @@
-"""Test setup: fetch timm's own model test suite from the timm sdist on PyPI (never committed)."""
+"""Test setup: fetch timm's own model test suite from the timm sdist on PyPI into a cache folder (never into the
+checkout, never committed); ``tests/timm_suite/test_timm_models.py`` runs it."""
 import os
 import subprocess
 import sys
@@ -7,32 +8,42 @@ import tempfile
 from pathlib import Path
 
 TIMM_SUITE_VERSION = '1.0.31'
-SUITE_DIR = Path(__file__).parent / 'timm_suite'
-SUITE_FILE = SUITE_DIR / 'test_models.py'
-STAMP = SUITE_DIR / '.timm_version'
+# where test_timm_models.py finds the fetched file (set by pytest_configure)
+SUITE_ENV = 'TIMM_ODEVIT_TIMM_SUITE'
 
 os.environ.setdefault('HF_HUB_DISABLE_TELEMETRY', '1')
 
 
-def _fetch_timm_suite() -> None:
-    if SUITE_FILE.exists() and STAMP.exists() and STAMP.read_text().strip() == TIMM_SUITE_VERSION:
-        return
+def suite_file(version: str = TIMM_SUITE_VERSION) -> Path:
+    """``$XDG_CACHE_HOME/timm_odevit/timm_suite/<version>/test_models.py`` (``~/.cache`` without XDG_CACHE_HOME)."""
+    cache = Path(os.environ.get('XDG_CACHE_HOME') or Path.home() / '.cache')
+    return cache / 'timm_odevit' / 'timm_suite' / version / 'test_models.py'
+
+
+def fetch_timm_suite(dst: Path, version: str = TIMM_SUITE_VERSION) -> Path:
+    """Download timm's sdist with pip and extract its tests/test_models.py to ``dst`` (once; atomic)."""
+    if dst.is_file():
+        return dst
     with tempfile.TemporaryDirectory() as tmp:
         cmd = [sys.executable, '-m', 'pip', 'download', '--quiet', '--no-deps', '--no-binary', ':all:',
-               f'timm=={TIMM_SUITE_VERSION}', '-d', tmp]
+               f'timm=={version}', '-d', tmp]
         result = subprocess.run(cmd, capture_output=True, text=True)
         if result.returncode:
             raise RuntimeError(
-                f'Could not download the timm {TIMM_SUITE_VERSION} sdist for its model tests (needs PyPI access):\n'
+                f'Could not download the timm {version} sdist for its model tests (needs PyPI access):\n'
                 f'{result.stderr}\nDeselect them with --ignore=tests/timm_suite if offline.')
         sdist = next(Path(tmp).glob('timm-*.tar.gz'))
         with tarfile.open(sdist) as tar:
-            member = tar.getmember(f'timm-{TIMM_SUITE_VERSION}/tests/test_models.py')
-            SUITE_FILE.write_bytes(tar.extractfile(member).read())
-    STAMP.write_text(TIMM_SUITE_VERSION)
+            data = tar.extractfile(tar.getmember(f'timm-{version}/tests/test_models.py')).read()
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    # write then rename: an interrupted download never leaves a truncated suite behind
+    part = dst.with_name(f'{dst.name}.{os.getpid()}.part')
+    part.write_bytes(data)
+    os.replace(part, dst)
+    return dst
 
 
 def pytest_configure(config):
     ignored = [str(p) for p in (config.getoption('ignore') or [])]
     if not any('timm_suite' in p for p in ignored):
-        _fetch_timm_suite()
+        os.environ[SUITE_ENV] = str(fetch_timm_suite(suite_file()))

@@ -22,11 +22,12 @@ __all__ = ['ENV_VAR', 'PTH_NAME', 'PTH_LINE', 'START_LINE', 'MODULE_NAME', 'inst
 ENV_VAR = 'TIMM_ODEVIT_AUTOLOAD'
 MODULE_NAME = '_timm_odevit_autoload'
 PTH_NAME = 'timm_odevit_autoload'
-# .pth import lines run in site's namespace: one guarded expression; a stale .pth must not print tracebacks.
-# Plain literals (no f-strings): setup.py reads these with ast.literal_eval, without importing the package.
-PTH_LINE = ("import os; os.environ.get('TIMM_ODEVIT_AUTOLOAD', '1') == '0' or "
-            "__import__('importlib.util').util.find_spec('_timm_odevit_autoload') is None or "
-            "__import__('_timm_odevit_autoload').install()\n")
+# .pth import lines run in site's namespace, one line each, and site prints a traceback for any that raises, at every
+# start-up: so the line is one guarded statement that swallows everything a missing or broken module does (ImportError,
+# any exception, even SystemExit). Plain literals (no f-strings): setup.py reads these with ast.literal_eval.
+PTH_LINE = ("import os; os.environ.get('TIMM_ODEVIT_AUTOLOAD', '1') == '0' or exec("
+            "'try:\\n import _timm_odevit_autoload\\n _timm_odevit_autoload.install()\\n"
+            "except (Exception, SystemExit):\\n pass')\n")
 START_LINE = '_timm_odevit_autoload:install\n'
 
 
@@ -52,7 +53,7 @@ class _Loader:
         try:
             import importlib
             importlib.import_module('timm_odevit')
-        except Exception as e:  # a broken plugin must never break `import timm`
+        except (Exception, SystemExit) as e:  # a broken plugin, even one calling sys.exit(), never breaks `import timm`
             import warnings
             warnings.warn(f'timm_odevit autoload: could not register models on `import timm` ({type(e).__name__}: '
                           f'{e}); import timm_odevit explicitly to see the error, or set {ENV_VAR}=0.',
@@ -85,11 +86,15 @@ class _TimmFinder:
 
 
 def install() -> None:
-    """Put the finder on sys.meta_path (no-op when disabled, when timm is already imported, or twice)."""
-    if not enabled() or 'timm' in sys.modules:
-        return
-    if not any(isinstance(f, _TimmFinder) for f in sys.meta_path):
-        sys.meta_path.insert(0, _TimmFinder())
+    """Put the finder on sys.meta_path (no-op when disabled, when timm is already imported, or twice). Never raises:
+    it runs at every interpreter start-up (the .start entry point calls it unguarded)."""
+    try:
+        if not enabled() or 'timm' in sys.modules:
+            return
+        if not any(isinstance(f, _TimmFinder) for f in sys.meta_path):
+            sys.meta_path.insert(0, _TimmFinder())
+    except Exception:
+        pass
 
 
 def uninstall() -> None:

@@ -6,6 +6,7 @@ configs' trainable-parameter counts. ``python -m timm_odevit`` prints them; the 
 Speed is left to the benchmark (``python -m timm_odevit.benchmark``), which times interleaved repeats and reports
 their spread: a one-shot ratio on a shared machine is noise.
 """
+import argparse
 from typing import Dict, List, Optional
 
 import timm
@@ -16,7 +17,7 @@ from .benchmark.runner import count_gmacs
 from .models.families import FAMILIES, SIZES, model_name
 
 __all__ = ['FAMILIES', 'PAPER_CONFIGS', 'count_params', 'param_reduction', 'paper_trainable_params', 'zoo_table',
-           'reduction_table', 'paper_table', 'grid_table']
+           'reduction_table', 'paper_table', 'grid_table', 'TABLES']
 
 # ODE-ViT paper configurations -> the trainable-parameter count the paper reports
 PAPER_CONFIGS: Dict[str, float] = {
@@ -92,3 +93,19 @@ def paper_table() -> str:
         n = paper_trainable_params(name)
         rows.append(f'| `{name}` | {n / 1e6:.3f}M | {target / 1e6:.1f}M | {100 * (n - target) / target:+.1f}% |')
     return '\n'.join(rows)
+
+
+TABLES = {'grid': grid_table, 'params': zoo_table, 'reduction': reduction_table, 'paper': paper_table}
+
+
+def _main(argv: Optional[List[str]] = None) -> None:
+    parser = argparse.ArgumentParser(prog='python -m timm_odevit.zoo', description='Print one zoo table (Markdown).')
+    parser.add_argument('table', choices=sorted(TABLES))
+    parser.add_argument('--sizes', nargs='+', default=list(SIZES), choices=SIZES, help='for params and reduction')
+    args = parser.parse_args(argv)
+    fn = TABLES[args.table]
+    print(fn(args.sizes) if args.table in ('params', 'reduction') else fn())
+
+
+if __name__ == '__main__':
+    _main()
