@@ -63,12 +63,19 @@ def test_resume_refuses_another_architecture(tmp_path):
         main(command(tmp_path, '--epochs', '2', '--resume', last, '--model', 'looped_ssog_tiny_patch4_32'))
 
 
-def test_torchcompile_checkpoint_has_plain_keys(tmp_path):
+def test_torchcompile_checkpoint_has_plain_keys_and_starts_a_next_stage(tmp_path):
     result = main(command(tmp_path, '--epochs', '1', '--torchcompile', 'eager'))
-    sd = read_checkpoint(str(tmp_path / 'run' / 'last.pth.tar'))['state_dict']
+    last = str(tmp_path / 'run' / 'last.pth.tar')
+    sd = read_checkpoint(last)['state_dict']
     assert not any(k.startswith(('_orig_mod.', 'module.')) for k in sd)
-    model = model_from_checkpoint(str(tmp_path / 'run' / 'last.pth.tar'), depth=2)
+    model = model_from_checkpoint(last, depth=2)
     assert result['history'][0]['nfe'] == 2 and model.nfe == 0
+    # a next stage starts from these weights with a fresh optimizer and schedule (epoch 0 again)
+    stage2 = main(command(tmp_path / 'stage2', '--epochs', '1', '--initial-checkpoint', last, '--lr', '0',
+                       '--min-lr', '0'))
+    ckpt = read_checkpoint(str(tmp_path / 'stage2' / 'run' / 'last.pth.tar'))
+    assert ckpt['epoch'] == 0 and stage2['history'][0]['epoch'] == 0
+    assert all(torch.equal(ckpt['state_dict'][k], v) for k, v in sd.items())  # lr 0: the weights are the first's
 
 
 @pytest.mark.parametrize('argv, message', [

@@ -24,6 +24,7 @@ import torch
 import torch.distributed as dist
 import timm
 from timm.data import create_loader, resolve_data_config
+from timm.models import load_checkpoint
 from timm.optim import create_optimizer_v2
 from timm.scheduler import create_scheduler_v2
 from timm.task import ClassificationTask, DistillationTeacher, load_task_ema_checkpoint, resume_task_checkpoint
@@ -60,6 +61,8 @@ def _parser() -> argparse.ArgumentParser:
     g.add_argument('--model', default='ssog_vit_tiny_patch4_32', help='any timm model (timm_odevit registers ours)')
     g.add_argument('--model-kwargs', nargs='*', default={}, action=ParseKwargs, metavar='K=V',
                    help='constructor kwargs, e.g. depth=6 ode_steps=12')
+    g.add_argument('--initial-checkpoint', default='',
+                   help='start from these weights with a fresh schedule and optimizer (a checkpoint of this command)')
     g.add_argument('--num-classes', type=int, default=10)
     g.add_argument('--in-chans', type=int, default=1, choices=(1, 3),
                    help='1 trains on grey images (Fashion-MNIST as it is), 3 on RGB copies (what a teacher expects)')
@@ -139,8 +142,10 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
             p.error(f'--{name.replace("_", "-")} must be at least 1, got {value}.')
     if args.data_dir is not None and not os.path.isdir(args.data_dir):
         p.error(f'--data-dir {args.data_dir} does not exist.')
-    if args.resume and not os.path.isfile(args.resume):
-        p.error(f'--resume {args.resume}: no such checkpoint.')
+    for name in ('resume', 'initial_checkpoint', 'teacher_checkpoint'):
+        path = getattr(args, name)
+        if path and not os.path.isfile(path):
+            p.error(f'--{name.replace("_", "-")} {path}: no such checkpoint.')
     return args
 
 
@@ -169,6 +174,10 @@ def format_command(args: Dict[str, Any], threads: Optional[int] = None) -> str:
 def build_task(args: argparse.Namespace, device: torch.device) -> torch.nn.Module:
     """The model and its task from the command line: classification alone, or distillation with ``--teacher``."""
     model = timm.create_model(args.model, num_classes=args.num_classes, in_chans=args.in_chans, **args.model_kwargs)
+    if args.initial_checkpoint:
+        # timm's loader: EMA weights where saved, DDP / torch.compile prefixes stripped
+        with torch.serialization.safe_globals([argparse.Namespace]):
+            load_checkpoint(model, args.initial_checkpoint, use_ema=True)
     if not args.teacher:
         return ClassificationTask(model, device=device)
     t_kwargs = dict(args.teacher_kwargs)
