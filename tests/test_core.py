@@ -48,6 +48,15 @@ def count_host_reads(monkeypatch, fn):
     return mode.reads
 
 
+@pytest.fixture
+def fresh_dynamo():
+    """Each compile test starts from an empty dynamo cache: many model instances compiled in one process would
+    otherwise run into dynamo's per-code-object recompile limit (8), which fullgraph=True turns into an error."""
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
 def test_host_read_counter_sees_reads(monkeypatch):
     """The counter itself: each way of reading a value back is seen."""
     x = torch.ones(3)
@@ -86,7 +95,7 @@ def test_nonfinite_input_still_refused_without_host_read():
 
 
 @pytest.mark.parametrize('family', list(FAMILIES))
-def test_compile_fullgraph_forward_backward(family):
+def test_compile_fullgraph_forward_backward(family, fresh_dynamo):
     """Each family compiles to one graph (fullgraph=True), forward and backward, and matches eager."""
     torch.manual_seed(0)
     model = timm.create_model(model_name(family, 'tiny', small_image=True), num_classes=10).train()
@@ -105,7 +114,7 @@ def test_compile_fullgraph_forward_backward(family):
 
 
 @pytest.mark.parametrize('family', list(FAMILIES))
-def test_compile_fullgraph_224(family):
+def test_compile_fullgraph_224(family, fresh_dynamo):
     """The 224 px variants (patch 16) capture in one graph as well (dynamo only: the backend runs eagerly)."""
     model = timm.create_model(model_name(family, 'tiny'), weight_init='skip').eval()
     x = torch.randn(1, 3, 224, 224)
@@ -113,7 +122,7 @@ def test_compile_fullgraph_224(family):
         torch.testing.assert_close(torch.compile(model, fullgraph=True, backend='eager')(x), model(x))
 
 
-def test_compile_respects_solver_change():
+def test_compile_respects_solver_change(fresh_dynamo):
     """Changing the solver on a built model takes effect in the compiled model (a guard, not a stale graph)."""
     model = timm.create_model('ssog_ode_tiny_patch4_32', num_classes=10).eval()
     compiled = torch.compile(model, fullgraph=True, backend='eager')
@@ -207,3 +216,22 @@ def test_mixer_recompute_does_not_nest_in_grad_checkpointing():
         torch.testing.assert_close(p.grad, g, rtol=1e-5, atol=1e-6)
     model.set_grad_checkpointing(False)
     assert not mixer.within_checkpoint and math.isfinite(float(model.lipschitz_bound()))
+
+
+@pytest.mark.parametrize('family', list(FAMILIES))
+def test_torch_export_and_onnx(family, fresh_dynamo):
+    """Every fixed-grid family exports with torch.export, and through it to ONNX; onnxruntime agrees with torch."""
+    onnxruntime = pytest.importorskip('onnxruntime')
+    pytest.importorskip('onnxscript')
+    torch.manual_seed(0)
+    model = timm.create_model(model_name(family, 'tiny', small_image=True), num_classes=10).eval()
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        ref = model(x)
+    program = torch.export.export(model, (x,))
+    torch.testing.assert_close(program.module()(x), ref)
+    onnx_program = torch.onnx.export(program, (x,), dynamo=True, verbose=False)
+    session = onnxruntime.InferenceSession(
+        onnx_program.model_proto.SerializeToString(), providers=['CPUExecutionProvider'])
+    (out,) = session.run(None, {session.get_inputs()[0].name: x.numpy()})
+    torch.testing.assert_close(torch.from_numpy(out), ref, rtol=1e-4, atol=1e-5)
