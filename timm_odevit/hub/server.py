@@ -10,7 +10,12 @@ The folder holds ``<repo>/`` directories (``weights/<arch>.<tag>/``) and ``MANIF
   (``snapshot_download``).
 - 404 with ``X-Error-Code``: ``RepoNotFound``, ``RevisionNotFound``, ``EntryNotFound`` (the Hub's codes, which
   huggingface_hub maps to its error classes). Every file of a repo failing its checks (see ``verify.py``) is
-  refused with 500 and an ``X-Error-Message`` naming the bad file and the fix, so no client caches any of it.
+  refused with ``REFUSED_STATUS`` and an ``X-Error-Message`` naming the bad file and the fix, so no client caches any
+  of it. huggingface_hub retries 408/429/5xx for about half a minute and turns most other errors into a generic
+  "check your connection"; a 401 is neither retried nor rewrapped, so the user sees the refusal at once, with the
+  mirror's reason as the last line of the error.
+- Malformed requests (a NUL or undecodable byte in the path, a Range that does not parse or has absurd numbers) get
+  400 or 416 with the reason, never a dropped connection.
 
 Only the standard library (``http.server``, threaded); binds to loopback only.
 """
@@ -29,13 +34,26 @@ from urllib.parse import unquote, urlsplit
 from . import MANIFEST_FILE, ORG
 from .verify import RepoError, load_manifest, verify_repo
 
-__all__ = ['HubMirror', 'serve']
+__all__ = ['HubMirror', 'serve', 'REFUSED_STATUS']
+
+_REFUSAL = 'The local Hub mirror refuses {repo}: it failed its checks, so nothing of it is served.'
+
 
 _logger = logging.getLogger(__name__)
 
 _NAME = re.compile(r'^[A-Za-z0-9][A-Za-z0-9._-]{0,95}$')
+# at most 18 digits per bound: every file size fits, and int() never meets a 5,000-digit number
+_RANGE = re.compile(r'bytes=(\d{1,18})-(\d{0,18})')
 _CHUNK = 1 << 16
 MAX_PATH = 1024
+# the status of a refused (broken) repo: one huggingface_hub neither retries nor hides behind "check your connection"
+REFUSED_STATUS = 401
+
+
+def _header_safe(text: str) -> str:
+    """One header line: control characters (CR, LF, NUL...) become spaces, anything outside Latin-1 an escape."""
+    text = re.sub(r'[\x00-\x1f\x7f]+', ' ', text)
+    return text.encode('latin-1', 'backslashreplace').decode('latin-1')
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -66,7 +84,7 @@ class _Handler(BaseHTTPRequestHandler):
     def _error(self, status: int, code: Optional[str], message: str, head: bool,
                extra: Optional[Dict[str, str]] = None) -> None:
         body = json.dumps({'error': message}).encode()
-        headers = {'Content-Type': 'application/json', 'X-Error-Message': message.replace('\n', ' ')}
+        headers = {'Content-Type': 'application/json', 'X-Error-Message': _header_safe(message)}
         if code:
             headers['X-Error-Code'] = code
         headers.update(extra or {})
@@ -78,14 +96,27 @@ class _Handler(BaseHTTPRequestHandler):
             status = self._dispatch(head)
         except (BrokenPipeError, ConnectionResetError):
             status = 499
+        except Exception as e:  # a bug must still answer: a dropped connection makes clients retry and guess
+            _logger.exception('mirror: %s %s failed', self.command, self.path)
+            try:
+                self._error(500, None, f'Internal mirror error: {type(e).__name__}: {e}', head)
+            except OSError:
+                pass
         finally:
             self.server.record(self.command, self.path, status)
 
     def _dispatch(self, head: bool) -> int:
-        path = unquote(urlsplit(self.path).path)
+        try:
+            path = unquote(urlsplit(self.path).path, errors='strict')
+        except (UnicodeDecodeError, ValueError):
+            self._error(400, None, 'Request path is not valid percent-encoded UTF-8.', head)
+            return 400
         if len(path) > MAX_PATH:
             self._error(414, None, 'Request path too long.', head)
             return 414
+        if re.search(r'[\x00-\x1f\x7f]', path):
+            self._error(400, None, 'Request path holds a control character (e.g. %00).', head)
+            return 400
         parts = [p for p in path.split('/') if p]
         if len(parts) >= 5 and parts[2] == 'resolve':
             return self._resolve(parts[0], parts[1], parts[3], '/'.join(parts[4:]), head)
@@ -127,8 +158,9 @@ class _Handler(BaseHTTPRequestHandler):
             return 404
         problem = self.server.problem(repo, target)
         if problem is not None:
-            self._error(500, None, problem, head, {'X-Repo-Commit': commit})
-            return 500
+            self._error(REFUSED_STATUS, None, f'{_REFUSAL.format(repo=f"{org}/{repo}")} {problem}', head,
+                        {'X-Repo-Commit': commit})
+            return REFUSED_STATUS
         if not target.is_file():
             self._error(404, 'EntryNotFound', f'{rel} not found in {org}/{repo}.', head, {'X-Repo-Commit': commit})
             return 404
@@ -137,7 +169,11 @@ class _Handler(BaseHTTPRequestHandler):
         start, end = 0, size - 1
         status = 200
         rng = self.headers.get('Range')
-        m = re.fullmatch(r'bytes=(\d+)-(\d*)', rng.strip()) if rng else None
+        m = _RANGE.fullmatch(rng.strip()) if rng else None
+        if rng and not m:
+            self._error(416, None, f'Range {rng[:40]!r} not understood: this mirror serves one range, bytes=a-[b].',
+                        head, {'Content-Range': f'bytes */{size}'})
+            return 416
         if m and not head:
             start = int(m.group(1))
             end = min(int(m.group(2)), size - 1) if m.group(2) else size - 1

@@ -61,15 +61,25 @@ def write_manifest(root: Path) -> Path:
 
 
 def load_manifest(root: Path) -> Dict[str, Any]:
+    """``root/MANIFEST.json``, checked to be ``{"files": {"<repo>/<file>": {"sha256": hex, "size": int}}}``."""
     path = Path(root) / MANIFEST_FILE
+    fix = f'restore it from git or rewrite it with `{MANIFEST_FIX.format(root=root)}`'
     if not path.is_file():
         raise RepoError(path, f'no manifest; write it with `{MANIFEST_FIX.format(root=root)}` after checking the '
                               'files.')
     try:
-        return json.loads(path.read_text())
-    except json.JSONDecodeError as e:
-        raise RepoError(path, f'not valid JSON ({e}); restore it from git or rewrite it with '
-                              f'`{MANIFEST_FIX.format(root=root)}`.') from e
+        manifest = json.loads(path.read_text(encoding='utf-8'))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise RepoError(path, f'not valid JSON ({e}); {fix}.') from e
+    files = manifest.get('files') if isinstance(manifest, dict) else None
+    if not isinstance(files, dict):
+        raise RepoError(path, f'is valid JSON but not a manifest (expected an object with a "files" object, got '
+                              f'{type(manifest).__name__}); {fix}.')
+    for rel, entry in files.items():
+        if not (isinstance(entry, dict) and isinstance(entry.get('sha256'), str)
+                and isinstance(entry.get('size'), int) and not isinstance(entry.get('size'), bool)):
+            raise RepoError(path, f'entry {rel!r} is not {{"sha256": str, "size": int}} (got {entry!r:.80}); {fix}.')
+    return manifest
 
 
 def check_file(root: Path, rel: str, manifest: Dict[str, Any]) -> None:
