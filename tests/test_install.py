@@ -57,9 +57,20 @@ def _site_package(python: Path, env: dict, cwd: Path) -> Path:
     return Path(r.stdout.strip())
 
 
+def _poison_data_cache(cache: Path) -> None:
+    # what an interrupted run can leave in the shared cache: IDX files holding only their 16-byte headers
+    for name in ('fashion_mnist', 'fashion_mnist_sample'):
+        raw = cache / 'timm_odevit' / 'fashion_mnist' / name / 'FashionMNIST' / 'raw'
+        raw.mkdir(parents=True, exist_ok=True)
+        (raw / 't10k-images-idx3-ubyte').write_bytes(b'\x00\x00\x08\x03' + (0).to_bytes(4, 'big') + bytes(8))
+        (raw / 't10k-labels-idx1-ubyte').write_bytes(b'\x00\x00\x08\x01' + (0).to_bytes(4, 'big'))
+
+
 def test_main_command_runs_from_a_normal_install(installed):
     python, env, work = installed
     pkg = _site_package(python, env, work)
+    # a broken shared data cache must not break the first command a user types (issue 14, item 10)
+    _poison_data_cache(Path(env['XDG_CACHE_HOME']))
     assert REPO_ROOT not in pkg.parents and 'site-packages' in pkg.parts, f'not the installed copy: {pkg}'
     assert sorted(p.name for p in (pkg / BUNDLE_DIR / 'weights').iterdir()) == sorted(
         ['MANIFEST.json', *BUNDLED_REPOS])
