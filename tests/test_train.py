@@ -20,7 +20,7 @@ def command(out, *extra: str) -> list:
     # the bundled sample holds the test split only: it serves as both splits here
     return ['--data-dir', str(fm.SAMPLE_DIR), '--train-split', 'test', '--model', ARCH, '--model-kwargs', 'depth=2',
             '--train-samples', '32', '--val-samples', '16', '--batch-size', '8', '--max-steps-per-epoch', '2',
-            '--output', str(out), '--experiment', 'run', '--log-interval', '1', *extra]
+            '--output', str(out), '--experiment', 'run', '--log-interval', '1', '--device', 'cpu', *extra]
 
 
 @pytest.fixture(autouse=True)

@@ -196,6 +196,8 @@ class TrajectoryDistillationTask(TrainingTask):
             teacher = DistillationTeacher(
                 teacher_model, num_classes=student.num_classes, in_chans=student.in_chans,
                 pretrained_path=teacher_pretrained_path, device=self.device, dtype=self.dtype)
+        # a teacher given as a module may sit on another device: the probe below and every step run on the task's
+        teacher.to(device=self.device)
         t_model = unwrap_model(teacher.model)
         if not callable(getattr(t_model, 'forward_intermediates', None)):
             raise TypeError(f'The teacher ({type(t_model).__name__}) has no forward_intermediates(): trajectory '
