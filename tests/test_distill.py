@@ -273,7 +273,8 @@ def command(image_folder: str, out: str, *extra: str) -> list:
     return ['--dataset', '', '--data-dir', image_folder, '--val-split', 'validation', '--num-classes', '3',
             '--in-chans', '3', '--model', 'odevit_tiny_patch4_32', '--model-kwargs', 'depth=3',
             '--teacher', 'vit_tiny_patch16_224', '--teacher-kwargs', 'img_size=32', 'patch_size=4', 'depth=3',
-            '--batch-size', '4', '--output', out, '--experiment', 'run', '--log-interval', '1', *extra]
+            '--batch-size', '4', '--output', out, '--experiment', 'run', '--log-interval', '1', '--device', 'cpu',
+            *extra]
 
 
 def test_torchrun_two_ranks_end_identical(image_folder, tmp_path):

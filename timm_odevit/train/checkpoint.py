@@ -67,6 +67,12 @@ def model_from_checkpoint(
     if 'input_size' in cfg:
         model_kwargs.setdefault('img_size', cfg['input_size'][-1])
     model = timm.create_model(arch, pretrained=False, **model_kwargs)
-    model.load_state_dict(state_dict, strict=True)
+    try:
+        model.load_state_dict(state_dict, strict=True)
+    except RuntimeError as e:
+        trained = checkpoint_args(ckpt).get('model_kwargs') or {}
+        raise ValueError(f'{path} does not fit {arch} built with {model_kwargs}'
+                         + (f'; it was trained with --model-kwargs {trained}: pass the ones that change the '
+                            'architecture' if trained else '') + f'. ({str(e).splitlines()[0]})') from e
     model.pretrained_cfg = dict(model.pretrained_cfg, **cfg)
     return model.eval()
