@@ -222,7 +222,8 @@ def _card_sample_top1(repo: str) -> Tuple[int, int]:
 
 
 def _eval_through_mirror(mirror, name: str, hf_home: Path) -> Dict:
-    out = subprocess.run([sys.executable, '-c', _EVAL_CLIENT, name, str(hf_home / 'data')], env=hub_env(mirror.url, str(hf_home)),
+    out = subprocess.run([sys.executable, '-c', _EVAL_CLIENT, name, str(hf_home / 'data')],
+                         env=hub_env(mirror.url, str(hf_home)),
                          capture_output=True, text=True, timeout=600, cwd=str(hf_home))
     assert out.returncode == 0, out.stderr[-3000:]
     return json.loads(out.stdout.strip().splitlines()[-1])
