@@ -1,61 +1,161 @@
-"""The benchmark harness on tiny configurations: outputs, ratios, memory in a child, OOM and bad input. No speed is
-asserted: speed and memory are what the benchmark reports, not what tests check."""
+"""The benchmark harness on tiny configurations: outputs, ratios, allocator-level memory in a child, OOM and skips,
+bad input, and the GPU script's CPU dry run. No speed is asserted: speed and memory are what the benchmark reports,
+not what tests check."""
 import csv
+import os
+import re
 import subprocess
+import sys
 
 import pytest
 import torch
 
 from timm_odevit.benchmark import runner
 from timm_odevit.benchmark.__main__ import main
-from timm_odevit.benchmark.runner import CSV_COLUMNS, BenchmarkConfigError, Case, ratio_rows, validate
+from timm_odevit.benchmark.runner import (
+    CSV_COLUMNS, NOT_MEASURED, VARIANTS, BenchmarkConfigError, Case, LiveStorageTracker, ratio_rows, validate,
+)
+from timm_odevit.layers import MultiHeadAttention, SeparableGaussianMixer
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _read(path):
+    with open(path) as f:
+        return list(csv.DictReader(f))
 
 
 def test_end_to_end_outputs(tmp_path, capsys):
     rc = main(['--settings', 'ode', '--widths', 'tiny', '--resolutions', '32', '48', '--repeats', '1',
-               '--batch-size', '1', '--out-dir', str(tmp_path)])
+               '--batch-sizes', '1', '2', '--no-train', '--no-memory', '--out-dir', str(tmp_path)])
     assert rc == 0
-    with open(tmp_path / 'benchmark.csv') as f:
-        rows = list(csv.DictReader(f))
+    rows = _read(tmp_path / 'benchmark.csv')
     assert list(rows[0].keys()) == CSV_COLUMNS
-    assert {r['variant'] for r in rows} == {'ssog', 'dense', 'floor'}
-    assert {r['infer_img_size'] for r in rows} == {'32', '48'}
+    assert {r['variant'] for r in rows} == set(VARIANTS)
+    assert {(r['infer_img_size'], r['infer_batch_size']) for r in rows} == {
+        (s, b) for s in ('32', '48') for b in ('1', '2')}
     for r in rows:
         assert r['status'] == 'ok'
-        assert float(r['infer_samples_per_sec']) > 0 and float(r['train_samples_per_sec']) > 0
+        assert float(r['infer_samples_per_sec']) > 0 and r['train_samples_per_sec'] == ''
         assert float(r['infer_gmacs']) > 0 and float(r['param_count']) > 0
         assert int(r['nfe']) == 12
-        assert r['infer_mem_mb'] != '' and r['train_mem_mb'] != ''
     # same model family differs only in the mixer: the floor has the fewest MACs, dense the most at equal size
     by_variant = {(r['variant'], r['infer_img_size']): float(r['infer_gmacs']) for r in rows}
-    assert by_variant[('floor', '48')] < by_variant[('ssog', '48')] < by_variant[('dense', '48')]
+    assert by_variant[('floor', '48')] < by_variant[('ssog', '48')] < by_variant[('fused', '48')]
+    assert by_variant[('fused', '48')] == by_variant[('eager', '48')]
     png = (tmp_path / 'benchmark.png').read_bytes()
     assert png[:8] == b'\x89PNG\r\n\x1a\n'
     md = (tmp_path / 'benchmark.md').read_text()
-    assert '| ode | tiny | 32 |' in md and '| ode | tiny | 48 |' in md
-    assert 'infer SSoG/dense' in capsys.readouterr().out
+    assert '| ode | tiny | 32 | 1 | no |' in md and '| ode | tiny | 48 | 2 | no |' in md
+    assert 'MACs / floor' in capsys.readouterr().out
+
+
+@pytest.mark.parametrize('timing', [True, False])
+def test_end_to_end_memory_in_children(tmp_path, timing):
+    assert main(['--settings', 'ode', '--widths', 'tiny', '--resolutions', '32', '--repeats', '1', '--warmup', '0',
+                 '--batch-sizes', '2', '--variants', 'ssog', 'eager', '--out-dir', str(tmp_path)]
+                + ([] if timing else ['--no-timing'])) == 0
+    for r in _read(tmp_path / 'benchmark.csv'):
+        assert (r['infer_step_time'] != '') == timing and float(r['infer_gmacs']) > 0
+        # allocator-level peaks from the live-storage tracker, RSS beside them
+        assert r['status'] == 'ok' and r['mem_method'] == 'live_storages'
+        assert 0 < float(r['infer_mem_mb']) < float(r['train_mem_mb'])
+        assert float(r['weights_mb']) > 0 and r['train_rss_mb'] != NOT_MEASURED
+
+
+def test_no_memory_is_not_reported_as_oom(tmp_path, capsys):
+    assert main(['--settings', 'ode', '--widths', 'tiny', '--resolutions', '32', '--repeats', '1', '--warmup', '0',
+                 '--batch-sizes', '1', '--no-memory', '--variants', 'ssog', 'floor', '--out-dir', str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert 'OOM' not in out and NOT_MEASURED in out
+    for r in _read(tmp_path / 'benchmark.csv'):
+        assert r['status'] == 'ok'
+        assert r['infer_mem_mb'] == r['train_mem_mb'] == r['mem_method'] == NOT_MEASURED
+        assert float(r['train_samples_per_sec']) > 0
+
+
+def test_variants_build_the_baselines():
+    eager = Case('ode', 'tiny', 'eager', 32, 1).build_eager()
+    fused = Case('ode', 'tiny', 'fused', 32, 1).build_eager()
+    attn = [m for m in eager.modules() if isinstance(m, MultiHeadAttention)]
+    assert attn and not any(m.fused_attn for m in attn)
+    assert all(m.fused_attn for m in fused.modules() if isinstance(m, MultiHeadAttention))
+    einsum = Case('ode', 'tiny', 'ssog_einsum', 32, 1).build_eager()
+    assert {m.mixing for m in einsum.modules() if isinstance(m, SeparableGaussianMixer)} == {'einsum'}
+    floor = Case('ode', 'tiny', 'floor', 32, 1).build_eager()
+    assert not any(isinstance(m, (SeparableGaussianMixer, MultiHeadAttention)) for m in floor.modules())
+    assert Case('ode', 'tiny', 'ssog', 32, 1).model_name == 'ssog_ode_tiny'
+    assert Case('discrete', 'small', 'eager', 32, 1).model_name == 'dense_vit_small'
 
 
 def test_ratio_computation():
-    def row(variant, ips, tps, mem):
-        return dict(setting='ode', width='tiny', variant=variant, infer_img_size=224, infer_samples_per_sec=ips,
-                    train_samples_per_sec=tps, infer_mem_mb=mem, train_mem_mb=mem and 2 * mem)
-    ratios = ratio_rows([row('ssog', 30., 9., 40.), row('dense', 10., 3., 100.), row('floor', 36., 12., 30.)])
+    def row(variant, ips, tps, mem, gmacs):
+        return dict(setting='ode', width='tiny', variant=variant, infer_img_size=224, infer_batch_size=8,
+                    compiled=0, infer_samples_per_sec=ips, train_samples_per_sec=tps, infer_mem_mb=mem,
+                    train_mem_mb=mem and 2 * mem, infer_gmacs=gmacs)
+    rows = [row('ssog', 30., 9., 40., 6.), row('fused', 10., 3., 50., 20.), row('eager', 6., 2., 200., 20.),
+            row('floor', 36., 12., 30., 4.)]
+    ratios = ratio_rows(rows)
     assert len(ratios) == 1
     r = ratios[0]
-    assert r['infer_speedup'] == pytest.approx(3.0) and r['train_speedup'] == pytest.approx(3.0)
-    assert r['infer_mem_saving'] == pytest.approx(60.0) and r['train_mem_saving'] == pytest.approx(60.0)
+    assert r['batch_size'] == 8
+    assert r['infer_vs_fused'] == pytest.approx(3.0) and r['train_vs_eager'] == pytest.approx(4.5)
+    assert r['infer_mem_vs_fused'] == pytest.approx(0.8) and r['train_mem_vs_eager'] == pytest.approx(0.2)
+    # cost over the floor is a time ratio (floor throughput / SSoG throughput), its ideal the MAC ratio
     assert r['infer_cost_over_floor'] == pytest.approx(1.2) and r['train_cost_over_floor'] == pytest.approx(12 / 9)
-    # a missing (OOM) dense side gives no ratio instead of a wrong one
-    oom = ratio_rows([row('ssog', 30., 9., 40.), dict(row('dense', None, None, None), status='OOM')])[0]
-    assert oom['infer_speedup'] is None and oom['infer_mem_saving'] is None
+    assert r['mac_ratio'] == pytest.approx(1.5)
+    # a side that was not measured (n/a) or ran out of memory gives no ratio instead of a wrong one
+    missing = ratio_rows([row('ssog', 30., 9., 40., 6.), dict(row('fused', None, None, NOT_MEASURED, 20.),
+                                                             status='OOM')])[0]
+    assert missing['infer_vs_fused'] is None and missing['infer_mem_vs_fused'] is None
+    assert missing['infer_cost_over_floor'] is None and missing['mac_ratio'] is None
+
+
+def test_live_storage_tracker_counts_each_storage_once_while_alive():
+    n = 1 << 18  # 1 MiB of float32
+    with LiveStorageTracker() as t:
+        a = torch.ones(n)
+        view = a[: n // 2]  # a view adds nothing
+        a.add_(1)  # an in-place result adds nothing
+        b = a * 2
+        del a, view  # a's storage dies here
+        c = b + 1
+        peak_before_del = t.peak
+        del b, c
+    assert peak_before_del == 2 * 4 * n and t.peak == 2 * 4 * n
+    assert t.live == 0
+
+
+def test_accumulate_mixing_peaks_below_einsum():
+    """The accumulate path never builds the K-fold intermediate: its peak inside the mixer is below the einsum
+    path's, in inference and in a forward and backward."""
+    x = torch.randn(2, 1 + 16 * 16, 48)
+    peaks = {}
+    for mixing in ('accumulate', 'einsum'):
+        torch.manual_seed(0)
+        m = SeparableGaussianMixer(48, 3, num_gaussians=4, mixing=mixing)
+        with torch.no_grad(), LiveStorageTracker() as infer:
+            m(x, (16, 16))
+        xr = x.clone().requires_grad_()
+        with LiveStorageTracker() as train:
+            m(xr, (16, 16)).sum().backward()
+        peaks[mixing] = infer.peak, train.peak
+    assert peaks['accumulate'][0] < 0.7 * peaks['einsum'][0]
+    assert peaks['accumulate'][1] < peaks['einsum'][1]
 
 
 def test_memory_measured_in_fresh_child():
-    case = Case('looped', 'tiny', 'dense', 64, 2)
+    case = Case('looped', 'tiny', 'fused', 64, 2)
     status, mem = runner.measure_memory(case, 'cpu', torch.float32)
-    assert status == 'ok'
-    assert mem['infer'] > 0 and mem['train'] > mem['infer']
+    assert status == 'ok' and mem['method'] == 'live_storages'
+    assert mem['infer_mem_mb'] > 0 and mem['train_mem_mb'] > mem['infer_mem_mb']
+    assert mem['weights_mb'] > 0 and 'infer_rss_mb' in mem
+
+
+def test_child_over_its_budget_is_oom_not_a_kill():
+    # the address-space limit turns a case too large for its budget into an allocation error inside the child
+    assert runner.measure_memory(Case('ode', 'tiny', 'fused', 64, 1), 'cpu', torch.float32, budget=1 << 20) == (
+        'OOM', {})
 
 
 def test_child_killed_is_reported_as_oom(monkeypatch):
@@ -68,16 +168,30 @@ def test_oom_marks_the_case_and_the_run_goes_on(monkeypatch):
     real_build = Case.build
 
     def build(self, *args, **kwargs):
-        if self.variant == 'dense':
+        if self.variant == 'fused':
             raise RuntimeError('[enforce fail at alloc_cpu.cpp] DefaultCPUAllocator: can\'t allocate memory')
         return real_build(self, *args, **kwargs)
 
     monkeypatch.setattr(Case, 'build', build)
-    cases = [Case('ode', 'tiny', v, 32, 1) for v in runner.VARIANTS]
+    cases = [Case('ode', 'tiny', v, 32, 1) for v in VARIANTS]
     results = runner.time_interleaved(cases, repeats=1, warmup=0, device='cpu', dtype=torch.float32)
-    assert [r.status for r in results] == ['ok', 'OOM', 'ok']
-    assert results[0].infer_times and results[2].train_times and not results[1].infer_times
+    assert [r.status for r in results] == ['ok', 'OOM', 'ok', 'ok']
+    assert results[0].infer_times and results[3].train_times and not results[1].infer_times
     assert results[1].row('cpu')['status'] == 'OOM'
+
+
+def test_eager_maps_over_budget_are_skipped_before_allocating():
+    case = Case('ode', 'tiny', 'eager', 1024, 8)
+    maps = runner.eager_map_bytes(case, num_heads=3, evals=12, elem_bytes=4, train=False)
+    assert maps == 2 * 8 * 3 * 4097 ** 2 * 4
+    # inference fits, the training step does not: inference is still timed
+    status = runner.precheck(case, 'cpu', 4, do_train=True, budget=maps + 1)
+    assert status.startswith('train skipped')
+    results = runner.time_interleaved([Case('ode', 'tiny', 'eager', 32, 1), Case('ode', 'tiny', 'ssog', 32, 1)],
+                                      1, 0, 'cpu', torch.float32, budget=1)
+    assert results[0].status.startswith('skip:') and not results[0].infer_times
+    assert results[1].status == 'ok' and results[1].train_times
+    assert runner.precheck(Case('ode', 'tiny', 'fused', 4096, 64), 'cpu', 4, True, budget=1) is None
 
 
 def test_other_errors_are_not_hidden_as_oom(monkeypatch):
@@ -96,3 +210,46 @@ def test_bad_configuration(settings, widths, res, match, capsys):
         validate(settings, widths, res)
     assert main(['--settings', *settings, '--widths', *widths, '--resolutions', *map(str, res)]) == 2
     assert match.split()[0] in capsys.readouterr().err
+
+
+@pytest.mark.parametrize('args,match', [
+    (['--batch-sizes', '1', '0'], 'Batch size 0 is not positive'),
+    (['--batch-sizes', '-2'], 'Batch size -2 is not positive'),
+    (['--repeats', '0'], '--repeats 0 would time nothing'),
+    (['--variants', 'ssog', 'flash'], "Unknown variant 'flash'"),
+])
+def test_bad_counts_exit_2_with_the_reason(args, match, capsys, tmp_path):
+    assert main(['--settings', 'ode', '--resolutions', '32', '--out-dir', str(tmp_path), *args]) == 2
+    assert match in capsys.readouterr().err
+    assert not (tmp_path / 'benchmark.csv').exists()
+
+
+def test_plot_only_redraws_from_a_csv(tmp_path):
+    rows = [dict(model='m', setting='ode', width='tiny', variant=v, compiled=0, infer_img_size=s, infer_batch_size=1,
+                 infer_samples_per_sec=10. * s, infer_mem_mb=s, train_mem_mb=2 * s, infer_gmacs=1., status='ok')
+            for v in VARIANTS for s in (32, 64)]
+    runner.write_csv(rows, tmp_path / 'in.csv')
+    assert main(['--plot-only', str(tmp_path / 'in.csv'), '--out-dir', str(tmp_path), '--prefix', 'again']) == 0
+    assert (tmp_path / 'again.png').read_bytes()[:4] == b'\x89PNG'
+    assert '| ode | tiny | 64 | 1 | no |' in (tmp_path / 'again.md').read_text()
+
+
+def test_gpu_script_dry_run(tmp_path):
+    """The prepared GPU script, end to end on the CPU at 32 px: it cannot rot unnoticed."""
+    out = tmp_path / 'gpu_out'
+    env = dict(os.environ, OMP_NUM_THREADS='1', PYTHONPATH=ROOT)
+    proc = subprocess.run(['bash', os.path.join(ROOT, 'benchmarks', 'gpu', 'run.sh'), str(out), '--dry-run'],
+                          capture_output=True, text=True, env=env, timeout=900, cwd=str(tmp_path))
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    files = sorted(os.listdir(out))
+    assert len(files) <= 8 and all(re.fullmatch(r'[A-Za-z0-9._-]+', f) for f in files)
+    assert {'tests.txt', 'summary.md', 'benchmark_ode.csv', 'benchmark_ode.png',
+            'benchmark_discrete_looped.md'} <= set(files)
+    assert all(os.path.isfile(out / f) for f in files)
+    summary = (out / 'summary.md').read_text()
+    assert '| ode | tiny | 32 | 1 | no |' in summary and '| looped | tiny | 32 | 1 | no |' in summary
+    assert 'torch' in (out / 'tests.txt').read_text()
+    ode = _read(out / 'benchmark_ode.csv')
+    assert {r['variant'] for r in ode} == set(VARIANTS) | {'ssog_einsum'}
+    assert {r['precision'] for r in ode} == {'amp_bfloat16'}
+    assert sys.executable  # the script uses `python` from PATH, as on the GPU machine

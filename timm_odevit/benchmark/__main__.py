@@ -1,15 +1,17 @@
-"""``python -m timm_odevit.benchmark``: SSoG vs dense attention vs the identity floor, across resolutions."""
+"""``python -m timm_odevit.benchmark``: SSoG vs dense attention (fused and eager) vs the identity floor."""
 import argparse
 import os
 import sys
+import time
 from typing import List, Optional
 
 import torch
 from tqdm import tqdm
 
 from .runner import (
-    SETTINGS, VARIANTS, WIDTHS, BenchmarkConfigError, Case, markdown_table, measure_memory, plot, ratio_rows,
-    time_interleaved, validate, write_csv,
+    ALL_VARIANTS, PRECISIONS, SETTINGS, SIZES, VARIANTS, BenchmarkConfigError, Case, absolute_table, markdown_table,
+    measure_memory, memory_budget, parse_precision, plot, ratio_rows, read_csv, runnable, time_interleaved, validate,
+    write_csv,
 )
 
 QUICK = dict(widths=['tiny'], resolutions=[224, 384], repeats=3, warmup=1)
@@ -17,76 +19,110 @@ QUICK = dict(widths=['tiny'], resolutions=[224, 384], repeats=3, warmup=1)
 
 def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog='python -m timm_odevit.benchmark', description=__doc__)
-    p.add_argument('--settings', nargs='+', default=list(SETTINGS), help='depth settings: discrete looped ode')
-    p.add_argument('--widths', nargs='+', default=['tiny'], help=f'widths among {list(WIDTHS)}')
+    p.add_argument('--settings', nargs='+', default=list(SETTINGS), help=f'depth settings among {list(SETTINGS)}')
+    p.add_argument('--widths', nargs='+', default=['tiny'], help=f'widths among {list(SIZES)}')
+    p.add_argument('--variants', nargs='+', default=list(VARIANTS), help=f'among {list(ALL_VARIANTS)}')
     p.add_argument('--resolutions', nargs='+', type=int, default=[224, 384, 512, 768, 1024])
-    p.add_argument('--batch-size', type=int, default=None, help='matched batch size (default: 2 on CPU, 32 on CUDA)')
+    p.add_argument('--batch-sizes', nargs='+', type=int, default=None,
+                   help='matched batch sizes, each a run of its own (default: 1 8 on CPU, 1 32 on CUDA)')
     p.add_argument('--repeats', type=int, default=5, help='timed repeats per model, interleaved')
     p.add_argument('--warmup', type=int, default=1, help='untimed repeats first')
+    p.add_argument('--time-budget', type=float, default=None,
+                   help='seconds per configuration and step kind: fewer repeats where one round takes longer')
     p.add_argument('--device', default='cuda' if torch.cuda.is_available() else 'cpu')
-    p.add_argument('--dtype', default='float32', choices=['float32', 'bfloat16', 'float16'])
+    p.add_argument('--precision', default='float32', choices=PRECISIONS,
+                   help="'bfloat16': weights and input in bf16; 'amp_bfloat16': float32 weights, bf16 autocast")
+    p.add_argument('--compile', action='store_true', help='torch.compile every model (times include no compile)')
     p.add_argument('--no-train', action='store_true', help='inference only')
-    p.add_argument('--no-memory', action='store_true', help='skip the peak-memory measurement')
+    p.add_argument('--no-memory', action='store_true', help='skip the peak-memory measurement (reported n/a)')
+    p.add_argument('--no-timing', action='store_true', help='memory (and MACs) only: no timed steps')
     p.add_argument('--threads', type=int, default=None, help='torch threads on CPU')
     p.add_argument('--out-dir', default='benchmark_out', help='where the CSV, Markdown and PNG go')
+    p.add_argument('--prefix', default='benchmark', help='file name stem of the outputs')
+    p.add_argument('--plot-only', metavar='CSV', default=None, help='redraw the Markdown and PNG of a CSV and exit')
     p.add_argument('--quick', action='store_true',
                    help=f'preset that finishes in under five minutes on 2 CPU cores: {QUICK}')
     args = p.parse_args(argv)
     if args.quick:
         for k, v in QUICK.items():
             setattr(args, k, v)
-    if args.batch_size is None:
-        args.batch_size = 32 if args.device.startswith('cuda') else 2
+    if args.batch_sizes is None:
+        args.batch_sizes = [1, 32] if args.device.startswith('cuda') else [1, 8]
     return args
+
+
+def write_reports(rows, out_dir: str, prefix: str, header: str, title: str, png: bool = True) -> List[str]:
+    paths = [os.path.join(out_dir, f'{prefix}.{ext}') for ext in ('csv', 'md', 'png')]
+    write_csv(rows, paths[0])
+    with open(paths[1], 'w') as f:
+        f.write(header + markdown_table(ratio_rows(rows)) + '\n\n' + absolute_table(rows) + '\n')
+    if png:
+        plot(rows, paths[2], title)
+    return paths if png else paths[:2]
 
 
 def main(argv: Optional[List[str]] = None) -> int:
     args = parse_args(argv)
+    os.makedirs(args.out_dir, exist_ok=True)
+    if args.plot_only:
+        rows = read_csv(args.plot_only)
+        paths = write_reports(rows, args.out_dir, args.prefix, f'Redrawn from {args.plot_only}.\n\n',
+                              f'timm_odevit benchmark ({args.plot_only})')
+        print(markdown_table(ratio_rows(rows)))
+        print(f'\nwrote {", ".join(paths)}')
+        return 0
     try:
-        validate(args.settings, args.widths, args.resolutions)
+        validate(args.settings, args.widths, args.resolutions, args.variants, args.batch_sizes, args.repeats)
+        dtype, amp_dtype = parse_precision(args.precision)
+        if args.warmup < 0:
+            raise BenchmarkConfigError(f'--warmup {args.warmup} is negative.')
     except BenchmarkConfigError as e:
         print(f'error: {e}', file=sys.stderr)
         return 2
     if args.threads:
         torch.set_num_threads(args.threads)
-    dtype = getattr(torch, args.dtype)
-    device_name = torch.cuda.get_device_name() if args.device.startswith('cuda') else \
-        f'CPU, {torch.get_num_threads()} threads'
-    os.makedirs(args.out_dir, exist_ok=True)
-    groups = [(s, w, r) for r in args.resolutions for s in args.settings for w in args.widths]
+    cuda = args.device.startswith('cuda')
+    device_name = torch.cuda.get_device_name() if cuda else f'CPU, {torch.get_num_threads()} threads'
+    budget = memory_budget(args.device)
+    groups = [(s, w, r, b) for r in args.resolutions for b in args.batch_sizes for s in args.settings
+              for w in args.widths]
     rows = []
-    bar = tqdm(total=len(groups) * (1 + (not args.no_memory) * len(VARIANTS)), desc='benchmark', unit='step')
-    for setting, width, img in groups:
-        cases = [Case(setting, width, v, img, args.batch_size) for v in VARIANTS]
-        bar.set_postfix_str(f'{setting} {width} {img}px timing')
-        results = time_interleaved(cases, args.repeats, args.warmup, args.device, dtype, do_train=not args.no_train)
+    header = (f'Device: {device_name}; torch {torch.__version__}; precision {args.precision} '
+              f'({"autocast" if amp_dtype else "weights and input"}); '
+              f'{"compiled" if args.compile else "eager"}; batch sizes {args.batch_sizes}; medians of up to '
+              f'{args.repeats} interleaved repeats after {args.warmup} warm-up'
+              f'{f", at most {args.time_budget:g} s per configuration and step kind" if args.time_budget else ""}. '
+              f'Memory: {"not measured" if args.no_memory else "allocator-level peak above weights and input"}.\n\n')
+    title = f'timm_odevit benchmark on {device_name}, {args.precision}'
+    bar = tqdm(total=len(groups) * (1 + (not args.no_memory) * len(args.variants)), desc='benchmark', unit='step')
+    start = time.time()
+    for setting, width, img, batch in groups:
+        cases = [Case(setting, width, v, img, batch, args.compile) for v in args.variants]
+        bar.set_postfix_str(f'{setting} {width} {img}px b{batch} timing')
+        results = time_interleaved(cases, 0 if args.no_timing else args.repeats, 0 if args.no_timing else args.warmup,
+                                   args.device, dtype, not args.no_train,
+                                   amp_dtype=amp_dtype, time_budget=args.time_budget, precision=args.precision,
+                                   budget=budget)
         bar.update(1)
         for r in results:
-            if not args.no_memory and r.status == 'ok':
-                bar.set_postfix_str(f'{r.case.label} memory')
-                status, mem = measure_memory(r.case, args.device, dtype, do_train=not args.no_train)
-                r.status = status
-                r.infer_mem_mb, r.train_mem_mb = mem.get('infer'), mem.get('train')
             if not args.no_memory:
+                if runnable(r.status):
+                    bar.set_postfix_str(f'{r.case.label} memory')
+                    train = not args.no_train and r.status == 'ok'
+                    status, r.mem = measure_memory(r.case, args.device, dtype, train, amp_dtype=amp_dtype,
+                                                   budget=budget)
+                    r.status = r.status if status == 'ok' else status
                 bar.update(1)
             rows.append(r.row(device_name))
+        # the tables after every group: a run cut short still leaves what it measured
+        write_reports(rows, args.out_dir, args.prefix, header, title, png=False)
     bar.close()
-
-    csv_path = os.path.join(args.out_dir, 'benchmark.csv')
-    md_path = os.path.join(args.out_dir, 'benchmark.md')
-    png_path = os.path.join(args.out_dir, 'benchmark.png')
-    write_csv(rows, csv_path)
-    table = markdown_table(ratio_rows(rows))
-    header = (f'Device: {device_name}; batch {args.batch_size}; {args.dtype}; medians of {args.repeats} interleaved '
-              f'repeats after {args.warmup} warm-up.\n\n')
-    with open(md_path, 'w') as f:
-        f.write(header + table + '\n')
-    plot(rows, png_path, f'timm_odevit benchmark on {device_name}, batch {args.batch_size}')
-    print(header + table)
+    paths = write_reports(rows, args.out_dir, args.prefix, header, title)
+    print(header + markdown_table(ratio_rows(rows)) + '\n\n' + absolute_table(rows))
     for r in rows:
         if r['status'] != 'ok':
             print(f"{r['model']}: {r['status']}")
-    print(f'\nwrote {csv_path}, {md_path}, {png_path}')
+    print(f'\nwrote {", ".join(paths)} in {time.time() - start:.0f} s')
     return 0
 
 
