@@ -19,7 +19,7 @@ from . import CARD_FILE, CONFIG_FILE, ORG, WEIGHTS_FILE
 from .. import data as fm
 from ..evaluate import evaluate
 from ..models.pretrained import FMNIST_CFG
-from ..train import checkpoint_args, model_from_checkpoint, read_checkpoint
+from ..train import PROG, checkpoint_args, model_from_checkpoint, read_checkpoint
 from .card import evaluate_command, model_card, training_lines
 from .verify import sha256_file, verify_repo, write_manifest
 
@@ -60,16 +60,16 @@ def export_checkpoint(
         use_ema: bool = False,
         arch: Optional[str] = None,
 ) -> Dict[str, Any]:
-    """Export a checkpoint of ``python -m timm_odevit.train`` to ``root/<arch>.<tag>/``: the registered architecture
-    with ``pretrained_cfg`` (default: Fashion-MNIST at 32 px), a card rendering the run's command, and top-1 measured
-    here. Returns the folder and the top-1 figures."""
+    """Export a checkpoint of ``python -m timm_odevit.train`` (or timm's train.py) to ``root/<arch>.<tag>/``: the
+    registered architecture with ``pretrained_cfg`` (default: Fashion-MNIST at 32 px), a card rendering the run's
+    command (for this package's command only), and top-1 measured here. Returns the folder and the top-1 figures."""
     ckpt = read_checkpoint(checkpoint)
     args = checkpoint_args(ckpt)
     cfg = dict(pretrained_cfg or ckpt.get('pretrained_cfg') or FMNIST_CFG)
     model = model_from_checkpoint(checkpoint, arch, use_ema, cfg)
     arch = arch or args.get('model') or ckpt['arch']
     metrics = measure(model, f'{root}/{arch}.{tag}', full_test, (args.get('model_kwargs') or {}).get('ode_steps'))
-    recipe = training_lines(args, cfg) if args else None
+    recipe = training_lines(args, cfg) if args.get('trainer') == PROG else None
     repo = export(model, arch, tag, root, model_card(arch, tag, model, metrics, recipe, description))
     return {'repo': str(repo), **{k: v['top1'] for k, v in metrics.items()}}
 

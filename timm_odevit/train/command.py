@@ -146,6 +146,9 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
         path = getattr(args, name)
         if path and not os.path.isfile(path):
             p.error(f'--{name.replace("_", "-")} {path}: no such checkpoint.')
+    # recorded in every checkpoint (CheckpointSaver keeps args): a card renders this command only for its own runs,
+    # never for a checkpoint of timm's train.py, whose options mean other things
+    args.trainer = PROG
     return args
 
 
