@@ -43,7 +43,21 @@ def fetch_timm_suite(dst: Path, version: str = TIMM_SUITE_VERSION) -> Path:
     return dst
 
 
+def collects_timm_suite(config) -> bool:
+    """Whether this session's paths include tests/timm_suite: only then is the suite fetched (a run of other tests
+    needs no network, e.g. tests/test_cuda.py on an offline GPU machine)."""
+    suite = Path(__file__).resolve().parent / 'timm_suite'
+    ignored = [Path(p).resolve() for p in (config.getoption('ignore') or [])]
+    if any(p == suite or p in suite.parents for p in ignored):
+        return False
+    here = Path(config.invocation_params.dir)
+    for arg in config.args:
+        path = (here / arg.split('::')[0]).resolve()
+        if path == suite or path in suite.parents or suite in path.parents:
+            return True
+    return False
+
+
 def pytest_configure(config):
-    ignored = [str(p) for p in (config.getoption('ignore') or [])]
-    if not any('timm_suite' in p for p in ignored):
+    if collects_timm_suite(config):
         os.environ[SUITE_ENV] = str(fetch_timm_suite(suite_file()))

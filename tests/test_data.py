@@ -121,3 +121,23 @@ def test_build_dataset_subsets_and_refuses_bad_input(tmp_path, monkeypatch):
         fm.build_dataset('fashion_mnist', fm.SAMPLE_DIR, 'test', num_samples=0)
     with pytest.raises(FileNotFoundError, match='does not exist'):
         fm.build_dataset('fashion_mnist', tmp_path / 'missing', 'test')
+
+
+def _read_in_a_fresh_process(args):
+    """One of several processes started together: prepare the cache, then read every image of it."""
+    cache, src = args
+    import os
+    os.environ['XDG_CACHE_HOME'] = cache
+    from timm_odevit import data
+    root = data.prepare_fashion_mnist(src)
+    return len(data.fashion_mnist_dataset(root, 'test'))
+
+
+def test_cache_prepared_by_concurrent_processes(tmp_path):
+    """Processes preparing the same cache at once (DDP ranks, parallel runs) all read a complete layout: a builder
+    never moves aside a layout another process has just finished."""
+    import multiprocessing
+    src = str(fm.SAMPLE_DIR)
+    with multiprocessing.get_context('spawn').Pool(6) as pool:
+        sizes = pool.map(_read_in_a_fresh_process, [(str(tmp_path), src)] * 6)
+    assert sizes == [1000] * 6

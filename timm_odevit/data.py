@@ -9,6 +9,7 @@ puts them there. Images are 28x28 grey; ``GreyToChannels`` converts them to a mo
 The sample in ``tests/data/fashion_mnist_sample/`` holds 1,000 test images drawn with a fixed seed
 (``make_sample``), in the same IDX format, for tests and the demo.
 """
+import fcntl
 import gzip
 import hashlib
 import logging
@@ -26,7 +27,7 @@ from torch import nn
 __all__ = [
     'DEBIAN_FASHION_MNIST', 'FASHION_MNIST_CLASSES', 'FASHION_MNIST_MEAN', 'FASHION_MNIST_STD', 'IDX_FILES',
     'SAMPLE_DIR', 'GreyToChannels', 'fashion_mnist_dataset', 'fashion_mnist_transform', 'layout_fashion_mnist',
-    'load_tensors', 'make_sample', 'find_source', 'split_size', 'cache_root', 'prepare_fashion_mnist', 'augment_batch',
+    'load_tensors', 'make_sample', 'find_source', 'split_size', 'cache_folder', 'prepare_fashion_mnist', 'augment_batch',
     'ImageSubset', 'build_dataset',
 ]
 
@@ -141,6 +142,17 @@ def layout_fashion_mnist(src: Optional[PathLike] = None, root: PathLike = 'data'
     if _layout_ok(target / 'raw', counts):
         return Path(root)
     target.parent.mkdir(parents=True, exist_ok=True)
+    # one builder at a time: processes started together (DDP ranks, parallel runs) would otherwise each move aside
+    # the layout another one had just finished and was reading
+    with open(target.parent / '.FashionMNIST.lock', 'w') as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not _layout_ok(target / 'raw', counts):
+            _build_layout(src, target, counts)
+    return Path(root)
+
+
+def _build_layout(src: Path, target: Path, counts: Dict[str, Optional[int]]) -> None:
+    """Write the layout to a temporary folder, check it, and rename it into place (a bad one is moved aside)."""
     tmp = Path(tempfile.mkdtemp(prefix='.FashionMNIST.', dir=target.parent))
     try:
         (tmp / 'raw').mkdir()
@@ -162,18 +174,12 @@ def layout_fashion_mnist(src: Optional[PathLike] = None, root: PathLike = 'data'
             stale = Path(tempfile.mkdtemp(prefix='.FashionMNIST.stale.', dir=target.parent))
             os.replace(target, stale / 'FashionMNIST')
             shutil.rmtree(stale, ignore_errors=True)
-        try:
-            os.replace(tmp, target)
-        except OSError:
-            # another process renamed its (equally valid) layout in first
-            if not _layout_ok(target / 'raw', counts):
-                raise
+        os.replace(tmp, target)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    return Path(root)
 
 
-def cache_root(src: PathLike) -> Path:
+def cache_folder(src: PathLike) -> Path:
     """The one cache folder for a laid-out source: ``$XDG_CACHE_HOME/timm_odevit/fashion_mnist/<name>-<hash>``
     (``~/.cache`` without XDG_CACHE_HOME); the hash of the source's path keeps two folders of one name apart."""
     src = Path(src).resolve()
@@ -185,7 +191,7 @@ def prepare_fashion_mnist(src: Optional[PathLike] = None) -> Path:
     """``src`` (default: Debian's package, else the bundled sample) laid out in its cache folder; returns the root
     to pass to torchvision's FashionMNIST (checked, and rebuilt when bad, on every call)."""
     src = Path(src) if src is not None else find_source()
-    return layout_fashion_mnist(src, cache_root(src))
+    return layout_fashion_mnist(src, cache_folder(src))
 
 
 class GreyToChannels(nn.Module):
@@ -265,7 +271,7 @@ def load_tensors(
         src: IDX folder (default: Debian's package, else the sample). Laid out under ``cache_root`` first.
         split: 'train' or 'test'.
         model: The model whose pretrained cfg decides size, channels, mean and std.
-        cache_root: Where to lay the files out (default: ``cache_root(src)``, the one cache folder).
+        cache_root: Where to lay the files out (default: ``cache_folder(src)``, the one cache).
         limit: Keep the first ``limit`` images only.
         indices: Keep these images only (in this order); overrides ``limit``.
         **data_args: Overrides for resolve_data_config (e.g. input_size, mean, std).
