@@ -326,3 +326,13 @@ def test_compile_wraps_the_student_and_keeps_eval_and_checkpoint_plain(batch):
     x, y = batch
     out = task(x, y)
     assert torch.isfinite(out['loss'])
+
+
+def test_clip_parameters_exclude_the_head_by_name():
+    """Gradient clipping without the head leaves out exactly the classifier's parameters, wherever it is registered."""
+    student = make_student()
+    task = TrajectoryDistillationTask(student, make_teacher(), verbose=False)
+    head = {id(p) for p in student.get_classifier().parameters()}
+    every = task.get_clip_parameters()
+    kept = task.get_clip_parameters(exclude_head=True)
+    assert {id(p) for p in every} - {id(p) for p in kept} == head and len(head) == 2

@@ -418,9 +418,10 @@ class TrajectoryDistillationTask(TrainingTask):
 
     def get_clip_parameters(self, exclude_head: bool = False) -> List[nn.Parameter]:
         trainable = unwrap_model(self.trainable_module)
-        params = list(trainable.student.parameters())
-        if exclude_head:
-            params = params[:-2]
+        student = trainable.student
+        # the head by name (the model's classifier), not as "the last two parameters", which depends on module order
+        head = {id(p) for p in student.get_classifier().parameters()} if exclude_head else set()
+        params = [p for p in student.parameters() if id(p) not in head]
         if trainable.projection is not None:
             params.extend(trainable.projection.parameters())
         return params
