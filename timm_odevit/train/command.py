@@ -42,6 +42,7 @@ from .checkpoint import checkpoint_args, read_checkpoint
 __all__ = ['parse_args', 'build_task', 'format_command', 'main', 'PROG']
 
 _logger = logging.getLogger('timm_odevit.train')
+_console_logging = False
 
 PROG = 'python -m timm_odevit.train'
 # where a run reads and writes and how it logs, not what it trains: a card's command leaves them out
@@ -278,7 +279,11 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
     """Train; returns the final metrics (also written to ``results.json`` in the run folder)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parse_args(argv)
-    setup_default_logging()
+    global _console_logging
+    if not _console_logging:
+        # once per process: a second run (tests, notebooks) would add a second console handler, every line twice
+        setup_default_logging()
+        _console_logging = True
     if args.resume:
         _check_resume(args)
     info = init_distributed_device_so(device=args.device)
