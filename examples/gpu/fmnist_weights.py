@@ -74,7 +74,8 @@ def calibrate(out: Path, data_dir: str, device: str, steps: int, light: List[str
 def strip_checkpoint(src: Path, dst: Path) -> None:
     """The last epoch's weights and the run's arguments, without optimizer state (which is twice the weights)."""
     import torch
-    ckpt = torch.load(src, map_location='cpu', weights_only=False)
+    from timm_odevit.train import read_checkpoint
+    ckpt = read_checkpoint(str(src))
     torch.save({k: v for k, v in ckpt.items() if k in ('arch', 'state_dict', 'args', 'epoch', 'metric')}, dst)
 
 
