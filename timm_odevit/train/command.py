@@ -164,7 +164,7 @@ def format_command(args: Dict[str, Any], threads: Optional[int] = None) -> str:
         value, flag = args[action.dest], action.option_strings[0]
         if value == action.default and action.dest not in ('model', 'seed', 'epochs'):
             continue
-        if isinstance(action, argparse._StoreTrueAction):
+        if action.nargs == 0:  # a switch (store_true)
             parts += [flag] if value else []
         elif isinstance(value, dict):
             parts += [flag] + [f'{k}={v}' for k, v in value.items()]
