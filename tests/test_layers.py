@@ -171,12 +171,17 @@ def test_ssog_accumulate_path_equals_einsum_path(grid, num_prefix, batch):
 
 
 def test_ssog_accumulate_backward_gradcheck():
-    from timm_odevit.layers.mixers import _SeparableMixFn
+    """The custom backward (values recomputed from the projection's input) against finite differences."""
+    from timm_odevit.layers.mixers import _SeparableMixFn, _head_major
     torch.manual_seed(0)
-    p = torch.randn(2, 3, 4, 5, dtype=torch.float64, requires_grad=True)
-    gx = torch.rand(2, 3, 5, 5, dtype=torch.float64, requires_grad=True)
-    gy = torch.rand(2, 3, 3, 3, dtype=torch.float64, requires_grad=True)
-    assert torch.autograd.gradcheck(_SeparableMixFn.apply, (p, gx, gy))
+    B, num_prefix, H, W, heads, C = 2, 1, 3, 5, 2, 4
+    x = torch.randn(B, num_prefix + H * W, C, dtype=torch.float64)
+    weight, bias = torch.randn(C, C, dtype=torch.float64), torch.randn(C, dtype=torch.float64)
+    p = _head_major(torch.nn.functional.linear(x, weight, bias), num_prefix, H, W, heads).requires_grad_()
+    gx = torch.rand(heads, 3, W, W, dtype=torch.float64, requires_grad=True)
+    gy = torch.rand(heads, 3, H, H, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(
+        lambda p_, gx_, gy_: _SeparableMixFn.apply(p_, gx_, gy_, x, weight, bias, num_prefix, H, W), (p, gx, gy))
 
 
 def test_ssog_mixing_option():

@@ -98,25 +98,45 @@ def _mix_accumulate(p: torch.Tensor, gx: torch.Tensor, gy: torch.Tensor) -> torc
     return out.reshape(h, H, c, W)
 
 
+def _head_major(v: torch.Tensor, num_prefix: int, H: int, W: int, heads: int) -> torch.Tensor:
+    """Patch values of v [B, N, C] as [heads, H, B * d, W], the accumulate path's layout."""
+    B, _, C = v.shape
+    d = C // heads
+    return v[:, num_prefix:].reshape(B, H, W, heads, d).permute(3, 1, 0, 4, 2).reshape(heads, H, B * d, W)
+
+
 class _SeparableMixFn(torch.autograd.Function):
-    """The accumulate path with a backward that keeps only its input: the mixing is linear in the values, so their
-    gradient is the same mixing with transposed kernels, and the kernels' gradients are recomputed per component."""
+    """The accumulate path with a backward that keeps no value-sized tensor of its own.
+
+    The mixing is linear in the values, so their gradient is the same mixing with transposed kernels; the kernels'
+    gradients need the values, which backward recomputes from the value projection's input (``x``, ``weight``,
+    ``bias``): the projection keeps ``x`` for its own weight gradient anyway, so saving it here costs nothing.
+    Only ``p`` receives a gradient; ``x`` and the projection get theirs through the projection that made ``p``.
+    """
 
     @staticmethod
-    def forward(ctx, p: torch.Tensor, gx: torch.Tensor, gy: torch.Tensor) -> torch.Tensor:
-        ctx.save_for_backward(p, gx, gy)
+    def forward(ctx, p: torch.Tensor, gx: torch.Tensor, gy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor,
+                bias: Optional[torch.Tensor], num_prefix: int, H: int, W: int) -> torch.Tensor:
+        ctx.save_for_backward(x, weight, bias, gx, gy)
+        ctx.layout = (num_prefix, H, W, p.shape[0], p.dtype)
         return _mix_accumulate(p, gx, gy)
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
-        p, gx, gy = ctx.saved_tensors
-        grad = grad.contiguous().to(p.dtype)
-        h, H, c, W = p.shape
+        x, weight, bias, gx, gy = ctx.saved_tensors
+        num_prefix, H, W, h, dtype = ctx.layout
+        grad = grad.contiguous().to(dtype)
+        c = grad.shape[2]
         grad_p = grad_gx = grad_gy = None
         if ctx.needs_input_grad[0]:
             # Y = G^y P G^x^T  =>  dP = G^y^T dY G^x
             grad_p = _mix_accumulate(grad, gx.transpose(-1, -2), gy.transpose(-1, -2))
         if ctx.needs_input_grad[1] or ctx.needs_input_grad[2]:
+            # the values again, as the forward made them (in its dtype: bf16 under autocast)
+            with torch.no_grad():
+                v = F.linear(x.to(dtype), weight.to(dtype), None if bias is None else bias.to(dtype))
+                p = _head_major(v, num_prefix, H, W, h)
+                del v
             gxs, gys = [], []
             for k in range(gx.shape[1]):
                 if ctx.needs_input_grad[1]:
@@ -131,7 +151,7 @@ class _SeparableMixFn(torch.autograd.Function):
                     del a
             grad_gx = torch.stack(gxs, 1).to(gx.dtype) if gxs else None
             grad_gy = torch.stack(gys, 1).to(gy.dtype) if gys else None
-        return grad_p, grad_gx, grad_gy
+        return grad_p, grad_gx, grad_gy, None, None, None, None, None, None
 
 
 def gaussian_kernel_matrix(size: int, sigma: torch.Tensor, offset: torch.Tensor) -> torch.Tensor:
@@ -268,8 +288,8 @@ class SeparableGaussianMixer(nn.Module):
         gx, gy = gx.masked_fill(gx < flush, 0.), gy.masked_fill(gy < flush, 0.)
         if self.mixing == 'accumulate':
             # head-major [heads, H, B * d, W]: both axes become plain bmm, one component at a time
-            p = vp.permute(3, 1, 0, 4, 2).reshape(self.num_heads, H, B * self.head_dim, W)
-            y = _SeparableMixFn.apply(p, gx, gy)
+            p = _head_major(v, num_prefix, H, W, self.num_heads)
+            y = _SeparableMixFn.apply(p, gx, gy, x, self.v.weight, self.v.bias, num_prefix, H, W)
             y = y.reshape(self.num_heads, H, B, self.head_dim, W).permute(2, 1, 4, 0, 3)
         elif torch.is_grad_enabled() and self.recompute_mixing and not self.within_checkpoint:
             # the x-axis result is K times the values: recompute it in backward instead of keeping it
