@@ -4,6 +4,7 @@ Every load runs in a fresh interpreter, because huggingface_hub reads HF_ENDPOIN
 is imported. The mirror runs in this process and records every request it serves.
 """
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -13,6 +14,7 @@ import urllib.request
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
+import numpy as np
 import pytest
 import torch
 from safetensors.torch import load_file
@@ -326,6 +328,43 @@ def test_bad_repo_refused_with_file_and_fix(case, bad_root, tmp_path):
     cli = subprocess.run([sys.executable, '-m', 'timm_odevit.hub', 'verify', '--root', str(bad_root)],
                          capture_output=True, text=True, timeout=120)
     assert cli.returncode == 1 and 'FAILED' in cli.stdout and what in cli.stdout
+
+
+def test_mirror_sends_only_bytes_that_match_the_manifest(bad_root):
+    """A file changed in place behind the mirror's back is never served (issue 14, item 2)."""
+    f = bad_root / PICK / 'model.safetensors'
+    original = f.read_bytes()
+    with HubMirror(str(bad_root)) as m:
+        url = f'{m.url}/{ORG}/{PICK}/resolve/main/model.safetensors'
+        assert _request(url)[2] == original
+        # same size and the old mtime: a change that the mirror's change detection cannot see
+        st = f.stat()
+        changed = bytearray(original)
+        changed[-5] ^= 0xFF
+        f.write_bytes(bytes(changed))
+        os.utime(f, ns=(st.st_atime_ns, st.st_mtime_ns))
+        status, _, body = _request(url)
+        assert status == 200 and body == original, 'served bytes that do not hash to the manifest'
+        # a change it does see is checked again, and refused
+        os.utime(f, ns=(st.st_atime_ns, st.st_mtime_ns + 10 ** 9))
+        assert _request(url, 'HEAD')[0] == REFUSED_STATUS
+
+
+def test_file_rewritten_during_a_download_does_not_mix(tmp_path):
+    """A re-export that rewrites a file while a client downloads it: the client gets the old bytes, whole."""
+    big = max(REPOS, key=lambda r: (WEIGHTS / r / 'model.safetensors').stat().st_size)
+    root = tmp_path / 'weights'
+    root.mkdir()
+    shutil.copytree(WEIGHTS / big, root / big)
+    write_manifest(root)
+    f = root / big / 'model.safetensors'
+    original = f.read_bytes()
+    with HubMirror(str(root)) as m:
+        with urllib.request.urlopen(f'{m.url}/{ORG}/{big}/resolve/main/model.safetensors', timeout=60) as resp:
+            head = resp.read(1 << 16)
+            f.write_bytes((~np.frombuffer(original, np.uint8)).tobytes())  # every byte changed, in place
+            body = head + resp.read()
+    assert body == original
 
 
 def _raw(url: str, path: str, method: str = 'GET', headers: Optional[Dict[str, str]] = None):

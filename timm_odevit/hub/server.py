@@ -14,6 +14,9 @@ The folder holds ``<repo>/`` directories (``weights/<arch>.<tag>/``) and ``MANIF
   of it. huggingface_hub retries 408/429/5xx for about half a minute and turns most other errors into a generic
   "check your connection"; a 401 is neither retried nor rewrapped, so the user sees the refusal at once, with the
   mirror's reason as the last line of the error.
+- Bytes are served from a verified private copy of each repo (a snapshot, hashed while copied), rebuilt when a file
+  or the manifest changes: a file rewritten in place while a client downloads it, or changed without a new mtime,
+  never reaches a client; every byte sent hashes to the manifest's sha256.
 - Malformed requests (a NUL or undecodable byte in the path, a Range that does not parse or has absurd numbers) get
   400 or 416 with the reason, never a dropped connection.
 
@@ -21,18 +24,21 @@ Only the standard library (``http.server``, threaded); binds to loopback only.
 """
 import hashlib
 import ipaddress
+import itertools
 import json
 import logging
 import re
+import tempfile
 import threading
 import time
+from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 from urllib.parse import unquote, urlsplit
 
 from . import MANIFEST_FILE, ORG
-from .verify import RepoError, load_manifest, verify_repo
+from .verify import RepoError, load_manifest, sha256_file, verify_repo
 
 __all__ = ['HubMirror', 'serve', 'REFUSED_STATUS']
 
@@ -135,36 +141,37 @@ class _Handler(BaseHTTPRequestHandler):
             return None
         return srv.root / repo
 
-    def _repo_at(self, org: str, repo: str, rev: str, head: bool) -> Optional[Tuple[Path, str]]:
-        """(repo folder, commit id) when both exist, else None after sending the Hub's 404."""
-        repo_dir = self._repo(org, repo, head)
-        if repo_dir is None:
+    def _repo_at(self, org: str, repo: str, rev: str, head: bool) -> Optional['_Snapshot']:
+        """The repo's snapshot when the repo and revision exist, else None after sending the Hub's 404."""
+        if self._repo(org, repo, head) is None:
             return None
-        commit = self.server.commit(repo)
-        if rev not in ('main', commit):
+        snap = self.server.snapshot(repo)
+        if rev not in ('main', snap.commit):
             self._error(404, 'RevisionNotFound', f'Revision {rev} not found for {self.server.org}/{repo}: this '
-                                                 f'mirror serves main = {commit}.', head, {'X-Repo-Commit': commit})
+                                                 f'mirror serves main = {snap.commit}.', head,
+                        {'X-Repo-Commit': snap.commit})
             return None
-        return repo_dir, commit
+        return snap
 
     def _resolve(self, org: str, repo: str, rev: str, rel: str, head: bool) -> int:
-        found = self._repo_at(org, repo, rev, head)
-        if found is None:
+        snap = self._repo_at(org, repo, rev, head)
+        if snap is None:
             return 404
-        repo_dir, commit = found
-        target = (repo_dir / rel)
-        if '..' in rel.split('/') or repo_dir.resolve() not in target.resolve().parents:
+        commit = snap.commit
+        real = self.server.root / repo / rel
+        if '..' in rel.split('/') or (self.server.root / repo).resolve() not in real.resolve().parents:
             self._error(404, 'EntryNotFound', f'{rel} not found in {org}/{repo}.', head, {'X-Repo-Commit': commit})
             return 404
-        problem = self.server.problem(repo, target)
+        problem = snap.problem(real)
         if problem is not None:
             self._error(REFUSED_STATUS, None, f'{_REFUSAL.format(repo=f"{org}/{repo}")} {problem}', head,
                         {'X-Repo-Commit': commit})
             return REFUSED_STATUS
+        target = snap.folder / rel
         if not target.is_file():
             self._error(404, 'EntryNotFound', f'{rel} not found in {org}/{repo}.', head, {'X-Repo-Commit': commit})
             return 404
-        sha = self.server.sha256(repo, rel)
+        sha = snap.sha256(rel)
         size = target.stat().st_size
         start, end = 0, size - 1
         status = 200
@@ -202,15 +209,38 @@ class _Handler(BaseHTTPRequestHandler):
         return status
 
     def _info(self, org: str, repo: str, rev: str, head: bool) -> int:
-        found = self._repo_at(org, repo, rev, head)
-        if found is None:
+        snap = self._repo_at(org, repo, rev, head)
+        if snap is None:
             return 404
-        repo_dir, commit = found
-        files = sorted(p.relative_to(repo_dir).as_posix() for p in repo_dir.rglob('*') if p.is_file())
-        body = json.dumps({'id': f'{org}/{repo}', 'modelId': f'{org}/{repo}', 'sha': commit, 'private': False,
+        files = sorted(p.relative_to(snap.folder).as_posix() for p in snap.folder.rglob('*') if p.is_file())
+        body = json.dumps({'id': f'{org}/{repo}', 'modelId': f'{org}/{repo}', 'sha': snap.commit, 'private': False,
                            'library_name': 'timm', 'siblings': [{'rfilename': f} for f in files]}).encode()
-        self._send(200, {'Content-Type': 'application/json', 'X-Repo-Commit': commit}, body, head)
+        self._send(200, {'Content-Type': 'application/json', 'X-Repo-Commit': snap.commit}, body, head)
         return 200
+
+
+@dataclass(frozen=True)
+class _Snapshot:
+    """What the mirror serves of one repo: a private copy whose every byte hashed to the manifest's sha256."""
+    folder: Path                      # the private copy (the repo folder itself when verification is off)
+    files: Dict[str, Dict[str, Any]]  # file -> its manifest entry
+    commit: str
+    errors: Dict[Path, RepoError]     # by file in the real folder; non-empty: the repo is refused whole
+
+    def problem(self, target: Path) -> Optional[str]:
+        """Why ``target`` must not be served: any problem of its repo, the target's own first.
+
+        A broken repo is refused whole: timm falls back from model.safetensors to pytorch_model.bin when the first
+        fails, so refusing one file only would hide the reason behind a later 'not found'; and a client should not
+        cache half of an inconsistent repo either.
+        """
+        if not self.errors:
+            return None
+        return ' | '.join(str(e) for e in sorted(self.errors.values(), key=lambda e: e.path != target))
+
+    def sha256(self, rel: str) -> str:
+        entry = self.files.get(rel)
+        return entry['sha256'] if entry is not None else sha256_file(self.folder / rel)
 
 
 class _Server(ThreadingHTTPServer):
@@ -225,15 +255,20 @@ class _Server(ThreadingHTTPServer):
         self.verify = verify
         self.log: List[Tuple[str, str, int]] = []
         self._lock = threading.Lock()
-        self._cache: Dict[str, Tuple[Any, Dict[Path, RepoError]]] = {}
+        self._build_lock = threading.Lock()
+        self._snapshots: Dict[str, Tuple[Any, _Snapshot]] = {}
+        # snapshots are never rewritten or deleted while the server runs: a download in flight keeps its bytes
+        self._store = tempfile.TemporaryDirectory(prefix='timm_odevit_mirror_')
+        self._copies = itertools.count()
+
+    def server_close(self) -> None:
+        super().server_close()
+        self._store.cleanup()
 
     def record(self, method: str, path: str, status: int) -> None:
         with self._lock:
             self.log.append((method, path, status))
         _logger.info('%s %s %d', method, path, status)
-
-    def _manifest(self) -> Dict[str, Any]:
-        return load_manifest(self.root)
 
     def _state(self, repo: str) -> Tuple[Any, ...]:
         files = sorted((p.as_posix(), p.stat().st_mtime_ns, p.stat().st_size)
@@ -241,51 +276,62 @@ class _Server(ThreadingHTTPServer):
         m = self.root / MANIFEST_FILE
         return (tuple(files), m.stat().st_mtime_ns if m.is_file() else None)
 
-    def problems(self, repo: str) -> Dict[Path, RepoError]:
-        """Problems of a repo by file, recomputed only when a file or the manifest changed."""
+    def snapshot(self, repo: str) -> _Snapshot:
+        """The repo as served, rebuilt only when a file or the manifest changed (by mtime or size).
+
+        A change the state misses (same size, old mtime) leaves the previous verified copy in service, so the
+        mirror never sends a byte that does not hash to the manifest's sha256.
+        """
         state = self._state(repo)
         with self._lock:
-            hit = self._cache.get(repo)
+            hit = self._snapshots.get(repo)
+        if hit is not None and hit[0] == state:
+            return hit[1]
+        with self._build_lock:
+            with self._lock:
+                hit = self._snapshots.get(repo)
             if hit is not None and hit[0] == state:
                 return hit[1]
-        errs = {e.path: e for e in verify_repo(self.root, repo)} if self.verify else {}
-        with self._lock:
-            self._cache[repo] = (state, errs)
-        return errs
+            snap = self._build(repo)
+            with self._lock:
+                self._snapshots[repo] = (state, snap)
+            return snap
 
-    def problem(self, repo: str, target: Path) -> Optional[str]:
-        """Why ``target`` must not be served: any problem of its repo, the target's own first.
-
-        A broken repo is refused whole: timm falls back from model.safetensors to pytorch_model.bin when the first
-        fails, so refusing one file only would hide the reason behind a later 'not found'; and a client should not
-        cache half of an inconsistent repo either.
-        """
-        errs = self.problems(repo)
-        if not errs:
-            return None
-        ordered = sorted(errs.values(), key=lambda e: e.path != target)
-        return ' | '.join(str(e) for e in ordered)
-
-    def sha256(self, repo: str, rel: str) -> str:
+    def _build(self, repo: str) -> _Snapshot:
         try:
-            entry = self._manifest()['files'].get(f'{repo}/{rel}')
-        except RepoError:
-            entry = None
-        if entry is not None:
-            return entry['sha256']
-        from .verify import sha256_file
-        return sha256_file(self.root / repo / rel)
+            manifest: Optional[Dict[str, Any]] = load_manifest(self.root)
+            errors: Dict[Path, RepoError] = {}
+        except RepoError as e:
+            manifest, errors = None, {e.path: e}
+        files = {k: v for k, v in (manifest or {}).get('files', {}).items() if k.startswith(f'{repo}/')}
+        # a stable 40-hex commit id per repo: sha1 over its manifest entries (changes when a file does)
+        basis = files or {p.as_posix(): p.stat().st_size for p in (self.root / repo).rglob('*') if p.is_file()}
+        commit = hashlib.sha1(json.dumps(basis, sort_keys=True).encode()).hexdigest()
+        own = {k[len(repo) + 1:]: v for k, v in files.items()}
+        if not self.verify:
+            return _Snapshot(self.root / repo, own, commit, {})
+        if manifest is not None:
+            errors = {e.path: e for e in verify_repo(self.root, repo, manifest)}
+        if errors:
+            return _Snapshot(self.root / repo, own, commit, errors)
+        folder = Path(self._store.name) / str(next(self._copies)) / repo
+        for rel, entry in own.items():
+            src, dst = self.root / repo / rel, folder / rel
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            # hash what is copied: a file rewritten between the checks and the copy is caught here
+            if _copy_hashed(src, dst) != entry['sha256']:
+                errors[src] = RepoError(src, 'changed while the mirror copied it (an export in progress?); '
+                                             'retry when the export has finished.')
+        return _Snapshot(folder, own, commit, errors)
 
-    def commit(self, repo: str) -> str:
-        """A stable 40-hex commit id per repo: sha1 over its files' manifest entries (changes when a file does)."""
-        try:
-            files = self._manifest().get('files', {})
-        except RepoError:
-            files = {}
-        own = {k: v for k, v in files.items() if k.startswith(f'{repo}/')}
-        if not own:
-            own = {p.as_posix(): p.stat().st_size for p in (self.root / repo).rglob('*') if p.is_file()}
-        return hashlib.sha1(json.dumps(own, sort_keys=True).encode()).hexdigest()
+
+def _copy_hashed(src: Path, dst: Path) -> str:
+    h = hashlib.sha256()
+    with open(src, 'rb') as fin, open(dst, 'wb') as fout:
+        for block in iter(lambda: fin.read(1 << 20), b''):
+            h.update(block)
+            fout.write(block)
+    return h.hexdigest()
 
 
 class HubMirror:
