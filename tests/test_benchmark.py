@@ -88,6 +88,14 @@ def test_variants_build_the_baselines():
     assert Case('discrete', 'small', 'eager', 32, 1).model_name == 'dense_vit_small'
 
 
+def test_compiled_case_wraps_the_model_and_counts_macs_on_the_plain_one():
+    case = Case('discrete', 'tiny', 'ssog', 32, 1, compiled=True)
+    model = case.build()
+    assert isinstance(model, torch._dynamo.eval_frame.OptimizedModule)  # compiled lazily, on its first call
+    assert case.label.endswith('/compiled')
+    assert runner.case_gmacs(case) == runner.case_gmacs(Case('discrete', 'tiny', 'ssog', 32, 1))
+
+
 def test_ratio_computation():
     def row(variant, ips, tps, mem, gmacs):
         return dict(setting='ode', width='tiny', variant=variant, infer_img_size=224, infer_batch_size=8,

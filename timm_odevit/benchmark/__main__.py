@@ -36,6 +36,9 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     p.add_argument('--no-train', action='store_true', help='inference only')
     p.add_argument('--no-memory', action='store_true', help='skip the peak-memory measurement (reported n/a)')
     p.add_argument('--no-timing', action='store_true', help='memory (and MACs) only: no timed steps')
+    p.add_argument('--memory-budget-gb', type=float, default=None,
+                   help='what one configuration may use (default: 85%% of the GPU, 40%% of available host memory); '
+                        'eager maps estimated above it are skipped, a CPU memory child is limited to it')
     p.add_argument('--threads', type=int, default=None, help='torch threads on CPU')
     p.add_argument('--out-dir', default='benchmark_out', help='where the CSV, Markdown and PNG go')
     p.add_argument('--prefix', default='benchmark', help='file name stem of the outputs')
@@ -83,7 +86,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         torch.set_num_threads(args.threads)
     cuda = args.device.startswith('cuda')
     device_name = torch.cuda.get_device_name() if cuda else f'CPU, {torch.get_num_threads()} threads'
-    budget = memory_budget(args.device)
+    budget = int(args.memory_budget_gb * 2 ** 30) if args.memory_budget_gb else memory_budget(args.device)
     groups = [(s, w, r, b) for r in args.resolutions for b in args.batch_sizes for s in args.settings
               for w in args.widths]
     rows = []
