@@ -142,6 +142,7 @@ def test_compile_respects_solver_change(fresh_dynamo):
     ('looped_ssog_tiny', dict(ode_adjoint=True)),
     ('odevit_tiny', dict(prefix_mixing='none')),
     ('ssog_ode_tiny', dict(attn_drop_rate=0.1)),
+    ('odevit_tiny', dict(ssog_steer=True)),
 ])
 def test_inapplicable_options_raise_type_error(name, kwargs):
     with pytest.raises(TypeError, match='apply to|applies to'):
@@ -235,3 +236,21 @@ def test_torch_export_and_onnx(family, fresh_dynamo):
         onnx_program.model_proto.SerializeToString(), providers=['CPUExecutionProvider'])
     (out,) = session.run(None, {session.get_inputs()[0].name: x.numpy()})
     torch.testing.assert_close(torch.from_numpy(out), ref, rtol=1e-4, atol=1e-5)
+
+
+def test_steered_option_compiles_and_exports(fresh_dynamo):
+    """The steered SSoG option (a model kwarg) compiles to one graph forward and backward, and exports."""
+    torch.manual_seed(0)
+    model = timm.create_model('ssog_ode_tiny_patch4_32', num_classes=10, ssog_steer=True).train()
+    with torch.no_grad():
+        model.trunk.block.mixer.steer_weight.normal_(0, 0.05)
+        model.trunk.block.mixer.steer_gate.fill_(0.)
+    x = torch.randn(2, 3, 32, 32)
+    ref = model(x)
+    out = torch.compile(model, fullgraph=True, backend='aot_eager')(x)
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+    out.sum().backward()
+    assert model.trunk.block.mixer.steer_weight.grad.abs().sum() > 0
+    model.eval()
+    with torch.no_grad():
+        torch.testing.assert_close(torch.export.export(model, (x,)).module()(x), model(x))

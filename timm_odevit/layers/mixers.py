@@ -166,6 +166,49 @@ def gaussian_kernel_matrix(size: int, sigma: torch.Tensor, offset: torch.Tensor)
     return logits.softmax(dim=-1)
 
 
+# bounds of the steered residuals: centre offsets in patches, log-widths (x4 either way), mixture logits
+STEER_BOUNDS = (2.0, math.log(4.0), 2.0, math.log(4.0), 4.0)
+STEER_FIELDS = 5  # per head and component: x offset, x log-width, y offset, y log-width, mixture logit
+
+
+def _positional_gaussians(size: int, sigma: torch.Tensor, offset: torch.Tensor, out_dim: int) -> torch.Tensor:
+    """Row-normalised 1-D Gaussians, one per output position: ``sigma``/``offset`` [B, H, W, heads] give, for the
+    output index i of axis ``out_dim`` (1 = rows, 2 = columns), weights over the source index j of that axis,
+    G[..., j] ∝ exp(-(i - j - offset)^2 / (2 sigma^2)). Result [B, H, W, heads, size]."""
+    idx = torch.arange(size, device=sigma.device, dtype=sigma.dtype)
+    diff = idx[:, None] - idx[None, :]  # [i, j]
+    diff = diff[None, :, None, None, :] if out_dim == 1 else diff[None, None, :, None, :]
+    logits = -(diff - offset[..., None]) ** 2 / (2 * sigma[..., None] ** 2)
+    return logits.softmax(dim=-1)
+
+
+def _steered_mix(
+        vp: torch.Tensor, log_sigma: torch.Tensor, offset: torch.Tensor, mix_logits: torch.Tensor,
+        residuals: torch.Tensor,
+) -> torch.Tensor:
+    """The steered separable mixing of values ``vp`` [B, H, W, heads, d], one component at a time.
+
+    ``residuals`` [B, H, W, heads, K, 5] (bounded, from the tokens) move each component's x offset and log-width at
+    every position (i', j) of the row-mixing stage, and its y offset, log-width and mixture logit at every query
+    (i, j):  Y[i, j] = sum_k a_k(i, j) sum_i' G^y_{k,(i,j)}[i'] sum_j' G^x_{k,(i',j)}[j'] V[i', j'].
+    Each stage is a per-position 1-D Gaussian, so the work stays O(N (H + W) K C) and no N x N matrix is formed.
+    """
+    B, H, W, heads, d = vp.shape
+    sx = (log_sigma[1] + residuals[..., 1]).exp()
+    mx = offset[1] + residuals[..., 0]
+    sy = (log_sigma[0] + residuals[..., 3]).exp()
+    my = offset[0] + residuals[..., 2]
+    mix = (mix_logits + residuals[..., 4]).softmax(dim=-1)
+    out = None
+    for k in range(log_sigma.shape[-1]):
+        gx = _positional_gaussians(W, sx[..., k], mx[..., k], out_dim=2).to(vp.dtype)
+        rows = torch.einsum('bywhv,byvhd->bywhd', gx, vp)
+        gy = (_positional_gaussians(H, sy[..., k], my[..., k], out_dim=1) * mix[..., k, None]).to(vp.dtype)
+        y = torch.einsum('buvhy,byvhd->buvhd', gy, rows)
+        out = y if out is None else out + y
+    return out
+
+
 class SeparableGaussianMixer(nn.Module):
     """Separable sum-of-Gaussians token mixer (SSoG; our reading of the paper, see the README).
 
@@ -191,6 +234,7 @@ class SeparableGaussianMixer(nn.Module):
             init_sigmas: Tuple[float, float] = (0.5, 8.0),
             recompute_mixing: bool = True,
             mixing: str = 'accumulate',
+            steer: bool = False,
             proj_drop: float = 0.,
             device=None,
             dtype=None,
@@ -227,6 +271,12 @@ class SeparableGaussianMixer(nn.Module):
             # a buffer, not a frozen Parameter: every Parameter of a timm model is expected to train
             self.register_buffer('offset', offset)
         self.mix_logits = nn.Parameter(torch.zeros(num_heads, num_gaussians, **dd))
+        self.steer = steer
+        if steer:
+            # a plain Parameter, not an nn.Linear, so that the model's Linear init leaves the probe at zero: at
+            # initialisation the steered mixer is the fixed one exactly
+            self.steer_weight = nn.Parameter(torch.zeros(num_heads * num_gaussians * STEER_FIELDS, dim, **dd))
+            self.steer_gate = nn.Parameter(torch.zeros(STEER_FIELDS, **dd))
         self.reset_kernel_parameters()
 
     def reset_kernel_parameters(self) -> None:
@@ -239,6 +289,9 @@ class SeparableGaussianMixer(nn.Module):
             self.log_sigma.copy_(sig.log().to(self.log_sigma).expand_as(self.log_sigma))
             self.offset.zero_()
             self.mix_logits.zero_()
+            if self.steer:
+                self.steer_weight.zero_()
+                self.steer_gate.fill_(-8.)  # softplus(-8) = 3e-4: the steering opens as it learns
 
     def kernels(self, grid_size: Tuple[int, int]) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(G^y [heads, K, H, H], G^x [heads, K, W, W], mixture weights [heads, K]) for a grid."""
@@ -279,6 +332,8 @@ class SeparableGaussianMixer(nn.Module):
         if num_prefix < 0:
             raise ValueError(f'{N} tokens cannot hold a {H}x{W} patch grid.')
         v = self.v(x)
+        if self.steer:
+            return self._with_prefix(self._steered(x[:, num_prefix:], v, num_prefix, H, W), v, num_prefix)
         gy, gx = self.field_constants(grid_size)['kernels'] if kernels is None else kernels
         vp = v[:, num_prefix:].reshape(B, H, W, self.num_heads, self.head_dim)
         gx, gy = gx.to(v.dtype), gy.to(v.dtype)
@@ -297,16 +352,46 @@ class SeparableGaussianMixer(nn.Module):
         else:
             y = _separable_mix(vp, gx, gy)
         y = y.reshape(B, H * W, C)
+        return self._with_prefix(y, v, num_prefix)
+
+    def _with_prefix(self, y: torch.Tensor, v: torch.Tensor, num_prefix: int) -> torch.Tensor:
+        """Prepend what the prefix tokens receive (the mean of the patch values, or nothing), then project."""
+        B, _, C = y.shape
         if num_prefix:
             if self.prefix_mixing == 'mean':
-                prefix = vp.mean(dim=(1, 2)).reshape(B, 1, C).expand(B, num_prefix, C)
+                prefix = v[:, num_prefix:].mean(dim=1, keepdim=True).expand(B, num_prefix, C)
             else:
                 prefix = v.new_zeros(B, num_prefix, C)
             y = torch.cat([prefix, y], dim=1)
         return self.proj_drop(self.proj(y))
 
+    def steer_residuals(self, x_patch: torch.Tensor, grid_size: Tuple[int, int]) -> torch.Tensor:
+        """Bounded per-position residuals [B, H, W, heads, K, 5] read from the patch tokens (zero when not steered):
+        bound * tanh(softplus(gate) * probe(x)) for x offset, x log-width, y offset, y log-width, mixture logit."""
+        B = x_patch.shape[0]
+        H, W = grid_size
+        r = F.linear(x_patch, self.steer_weight).reshape(B, H, W, self.num_heads, self.num_gaussians, STEER_FIELDS)
+        bounds = torch.tensor(STEER_BOUNDS, device=r.device, dtype=r.dtype)
+        return bounds * torch.tanh(F.softplus(self.steer_gate).to(r.dtype) * r)
+
+    def _steered(self, x_patch: torch.Tensor, v: torch.Tensor, num_prefix: int, H: int, W: int) -> torch.Tensor:
+        B, _, C = v.shape
+        vp = v[:, num_prefix:].reshape(B, H, W, self.num_heads, self.head_dim)
+        res = self.steer_residuals(x_patch, (H, W))
+        if res.dtype in (torch.float16, torch.bfloat16):
+            res = res.float()  # kernels in fp32 under autocast, as the fixed path builds them from fp32 parameters
+        args = (vp, self.log_sigma, self.offset, self.mix_logits, res)
+        if torch.is_grad_enabled() and self.recompute_mixing and not self.within_checkpoint:
+            # every component keeps a value-sized intermediate for backward: recompute them instead
+            y = checkpoint(_steered_mix, *args, use_reentrant=False)
+        else:
+            y = _steered_mix(*args)
+        return y.reshape(B, H * W, C)
+
     def dense_operator(self, grid_size: Tuple[int, int]) -> torch.Tensor:
         """The [heads, H*W, H*W] token-mixing matrix this mixer applies to the patch values (for small grids)."""
+        if self.steer:
+            raise TypeError('A steered mixer has no fixed operator: its kernels depend on the tokens.')
         gy, gx, mix = self.kernels(grid_size)
         H, W = grid_size
         op = torch.einsum('hk,hkac,hkbd->habcd', mix, gy, gx)
@@ -314,6 +399,10 @@ class SeparableGaussianMixer(nn.Module):
 
     @torch.no_grad()
     def lipschitz_bound(self, grid_size: Tuple[int, int], num_prefix_tokens: int = 0) -> torch.Tensor:
+        if self.steer:
+            raise TypeError(
+                'A steered SeparableGaussianMixer has no global Lipschitz bound: its kernels depend on the tokens '
+                '(the bound of the paper holds with fixed kernels). Build it with steer=False for a bound.')
         """Upper bound of the mixer's Lipschitz constant (l2 over all tokens) for the current kernels.
 
         Each head's grid operator sum_k a_k (G^y_k kron G^x_k) has spectral norm at most
@@ -333,7 +422,8 @@ class SeparableGaussianMixer(nn.Module):
         return w_o * grid_norm.float() * w_v
 
     def extra_repr(self) -> str:
-        return f'num_heads={self.num_heads}, num_gaussians={self.num_gaussians}, prefix_mixing={self.prefix_mixing}'
+        return (f'num_heads={self.num_heads}, num_gaussians={self.num_gaussians}, prefix_mixing={self.prefix_mixing}'
+                f', mixing={self.mixing}, steer={self.steer}')
 
 
 class IdentityMixer(nn.Module):
@@ -357,7 +447,7 @@ MIXERS = {
 # the options each mixer takes; a trunk passes the union and each mixer keeps its own
 MIXER_OPTIONS = {
     'attention': ('attn_drop', 'proj_drop'),
-    'ssog': ('num_gaussians', 'learn_offset', 'prefix_mixing', 'init_sigmas', 'recompute_mixing', 'mixing',
+    'ssog': ('num_gaussians', 'learn_offset', 'prefix_mixing', 'init_sigmas', 'recompute_mixing', 'mixing', 'steer',
              'proj_drop'),
     'identity': (),
 }

@@ -111,6 +111,7 @@ class DepthVisionTransformer(nn.Module):
             num_gaussians: Optional[int] = None,
             learn_offset: Optional[bool] = None,
             prefix_mixing: Optional[Literal['mean', 'none']] = None,
+            ssog_steer: Optional[bool] = None,
             ode_method: Optional[str] = None,
             ode_steps: Optional[int] = None,
             ode_t_end: Optional[float] = None,
@@ -149,6 +150,9 @@ class DepthVisionTransformer(nn.Module):
             num_gaussians: Gaussian components per head (ssog only; default 4).
             learn_offset: Learn the Gaussians' centre offsets as well as their widths (ssog only).
             prefix_mixing: What CLS/register tokens receive from an ssog mixer: 'mean' of patches or 'none'.
+            ssog_steer: Let each token steer the Gaussians (ssog only; default False): bounded per-position
+                residuals on centre, width and mixture weight, zero at initialisation. Steered kernels have no
+                global Lipschitz bound, so the ODE families keep fixed kernels by default.
             ode_method: ODE method (ode only; default 'euler'): a fixed-grid or an adaptive one, see OdeDepth.
             ode_steps: Uniform solver steps for fixed-grid methods (ode only; default: depth).
             ode_t_end: End of the integration interval (ode only; default: depth, i.e. unit steps).
@@ -184,11 +188,13 @@ class DepthVisionTransformer(nn.Module):
         if depth_mode == 'ode' and drop_path_rate > 0:
             raise ValueError('drop_path_rate must be 0 for ODE trunks: a randomly dropped field has no solution; '
                              'use proj_drop_rate for regularization.')
-        mixer_kwargs = _given(num_gaussians=num_gaussians, learn_offset=learn_offset, prefix_mixing=prefix_mixing)
+        ssog_options = _given(num_gaussians=num_gaussians, learn_offset=learn_offset, prefix_mixing=prefix_mixing,
+                              ssog_steer=ssog_steer)
         ode_kwargs = _given(method=ode_method, steps=ode_steps, t_end=ode_t_end, rtol=ode_rtol, atol=ode_atol,
                             adjoint=ode_adjoint, max_nfe=ode_max_nfe)
-        if mixer_kwargs and mixer != 'ssog':
-            raise TypeError(f'{", ".join(mixer_kwargs)} apply to the ssog mixer only; this model has mixer={mixer!r}.')
+        if ssog_options and mixer != 'ssog':
+            raise TypeError(f'{", ".join(ssog_options)} apply to the ssog mixer only; this model has mixer={mixer!r}.')
+        mixer_kwargs = {('steer' if k == 'ssog_steer' else k): v for k, v in ssog_options.items()}
         if attn_drop_rate is not None and mixer != 'attention':
             raise TypeError(f'attn_drop_rate applies to attention only; this model has mixer={mixer!r}.')
         if ode_kwargs and depth_mode != 'ode':
@@ -279,7 +285,8 @@ class DepthVisionTransformer(nn.Module):
 
     @torch.jit.ignore
     def no_weight_decay(self) -> Set[str]:
-        kernel_params = {n for n, _ in self.named_parameters() if n.endswith(('log_sigma', 'offset', 'mix_logits'))}
+        kernel_params = {n for n, _ in self.named_parameters()
+                         if n.endswith(('log_sigma', 'offset', 'mix_logits', 'steer_gate'))}
         return {'pos_embed', 'cls_token', 'reg_token'} | kernel_params
 
     @torch.jit.ignore
