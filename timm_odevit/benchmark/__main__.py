@@ -14,7 +14,7 @@ from .runner import (
     write_csv,
 )
 
-QUICK = dict(widths=['tiny'], resolutions=[224, 384], repeats=3, warmup=1)
+QUICK = dict(widths=['tiny'], resolutions=[224, 384], batch_sizes=[1], repeats=3, warmup=1)
 
 
 def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
