@@ -3,11 +3,12 @@ and the one place the Hub organisation is named.
 
 A tag is listed here only once its folder is committed under ``weights/`` (a test checks both directions).
 """
-from typing import Any, Dict
+import os
+from typing import Any, Dict, Optional
 
 from ..data import FASHION_MNIST_CLASSES, FASHION_MNIST_MEAN, FASHION_MNIST_STD
 
-__all__ = ['ORG', 'hub_id', 'FMNIST_TAG', 'FMNIST_CFG', 'fmnist_cfg', 'keep_untagged_default']
+__all__ = ['ORG', 'hub_id', 'FMNIST_TAG', 'FMNIST_CFG', 'fmnist_cfg', 'keep_untagged_default', 'check_reachable']
 
 # the one place the Hub organisation is named; every published hf_hub_id is built from it by hub_id()
 ORG = 'timm-odevit'
@@ -44,3 +45,23 @@ def keep_untagged_default(default_cfgs: Dict[str, Any]) -> Dict[str, Any]:
             dc.tags.remove('')
             dc.tags.appendleft('')
     return default_cfgs
+
+
+def check_reachable(hf_hub_id: Optional[str], file: Optional[str] = None) -> None:
+    """Fail at once, saying what to do, when ``pretrained=True`` would ask huggingface.co for weights of ours.
+
+    Our weights are not on huggingface.co yet, so without a mirror (``HF_ENDPOINT``) or a cached copy the Hub client
+    would retry for most of a minute and end with "check your connection". A local file, another organisation's
+    repository, a mirror or a copy in the Hub cache pass through untouched.
+    """
+    if not hf_hub_id or not hf_hub_id.startswith(f'{ORG}/') or file:
+        return
+    from huggingface_hub import constants, try_to_load_from_cache
+    mirrored = os.environ.get('HF_ENDPOINT') or constants.ENDPOINT.rstrip('/') != 'https://huggingface.co'
+    if mirrored or isinstance(try_to_load_from_cache(hf_hub_id, 'model.safetensors'), str):
+        return
+    repo = hf_hub_id.split('/', 1)[1]
+    raise RuntimeError(
+        f'{hf_hub_id} is not on huggingface.co yet, and no local Hub mirror is set. Serve the published weights with '
+        f'`python -m timm_odevit.hub serve --root weights` and set HF_ENDPOINT to the address it prints before Python '
+        f"starts, or load the folder directly: timm.create_model('local-dir:weights/{repo}', pretrained=True).")

@@ -10,7 +10,7 @@ from timm.layers import (
     PatchEmbed, calculate_drop_path_rates, register_notrace_function, register_notrace_module, resample_abs_pos_embed,
     trunc_normal_,
 )
-from timm.models import build_model_with_cfg
+from timm.models import build_model_with_cfg, resolve_pretrained_cfg
 from timm.models._features import feature_take_indices
 from timm.models._input import update_model_input_size
 from timm.models.vision_transformer import global_pool_nlc
@@ -18,6 +18,7 @@ from timm.models.vision_transformer import global_pool_nlc
 from ..layers import (
     CenterNorm, DiscreteDepth, FieldBlock, LoopedDepth, OdeDepth, SeparableGaussianMixer, spectral_norm_estimate,
 )
+from .pretrained import check_reachable
 
 __all__ = ['DepthVisionTransformer', 'create_depth_vit', 'checkpoint_filter_fn', 'depth_vit_cfg']
 
@@ -545,6 +546,9 @@ def create_depth_vit(variant: str, pretrained: bool = False, **kwargs: Any) -> D
         tag = _published_tag(variant)
         if tag is not None:
             kwargs['pretrained_cfg'] = tag
+    if pretrained:
+        cfg = resolve_pretrained_cfg(variant, kwargs.get('pretrained_cfg'), kwargs.get('pretrained_cfg_overlay'))
+        check_reachable(cfg.hf_hub_id, cfg.file)
     out_indices = kwargs.pop('out_indices', 3)
     feature_cls = kwargs.get('feature_cls', 'getter')
     if kwargs.get('features_only') and feature_cls != 'getter' and kwargs.get('depth_mode', 'discrete') != 'discrete':
