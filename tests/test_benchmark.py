@@ -5,7 +5,6 @@ import csv
 import os
 import re
 import subprocess
-import sys
 
 import pytest
 import torch
@@ -260,4 +259,3 @@ def test_gpu_script_dry_run(tmp_path):
     ode = _read(out / 'benchmark_ode.csv')
     assert {r['variant'] for r in ode} == set(VARIANTS) | {'ssog_einsum'}
     assert {r['precision'] for r in ode} == {'amp_bfloat16'}
-    assert sys.executable  # the script uses `python` from PATH, as on the GPU machine

@@ -14,6 +14,13 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason='needs a C
 FAMILY_NAMES = list(FAMILIES)
 
 
+@pytest.fixture(autouse=True)
+def no_tf32(monkeypatch):
+    # cuDNN convolutions (the patch embedding) default to TF32: compare float32 with float32
+    monkeypatch.setattr(torch.backends.cudnn, 'allow_tf32', False)
+    monkeypatch.setattr(torch.backends.cuda.matmul, 'allow_tf32', False)
+
+
 def _small(family: str, **kwargs) -> torch.nn.Module:
     """The tiny 32 px model of a family, with its default settings, on the GPU."""
     torch.manual_seed(0)
