@@ -5,6 +5,7 @@ import csv
 import os
 import re
 import subprocess
+import sys
 
 import pytest
 import torch
@@ -259,3 +260,20 @@ def test_gpu_script_dry_run(tmp_path):
     ode = _read(out / 'benchmark_ode.csv')
     assert {r['variant'] for r in ode} == set(VARIANTS) | {'ssog_einsum'}
     assert {r['precision'] for r in ode} == {'amp_bfloat16'}
+
+
+def test_gpu_test_runner_without_pytest_collects_every_cuda_test(monkeypatch):
+    """benchmarks/gpu/run_tests.py (used where pytest is missing) sees every test of tests/test_cuda.py and each
+    parameter, and skips fixtures."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location('run_tests', os.path.join(ROOT, 'benchmarks', 'gpu', 'run_tests.py'))
+    run_tests = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(run_tests)
+    monkeypatch.setitem(sys.modules, 'pytest', run_tests._stand_in_pytest())
+    spec = importlib.util.spec_from_file_location('cuda_tests', os.path.join(ROOT, 'tests', 'test_cuda.py'))
+    cuda_tests = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(cuda_tests)
+    counts = {n: len(getattr(f, 'params', [None])) for n, f in vars(cuda_tests).items() if n.startswith('test_')}
+    assert counts['test_forward_backward_on_cuda'] == 6 and counts['test_forward_without_host_sync'] == 6
+    assert counts['test_allocator_peak_on_cuda_and_accumulate_below_einsum'] == 1
+    assert cuda_tests.no_tf32.is_fixture

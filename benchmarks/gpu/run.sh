@@ -57,8 +57,12 @@ else
 fi
 
 echo "# tests/test_cuda.py (at most ${TEST_TIMEOUT} s)" | tee -a "$OUT/tests.txt"
-timeout "$TEST_TIMEOUT" python -m pytest tests/test_cuda.py -q -p no:cacheprovider -rfEs 2>&1 | tail -40 \
-  | tee -a "$OUT/tests.txt"
+if python -c 'import pytest' 2>/dev/null; then
+  TEST_CMD=(python -m pytest tests/test_cuda.py -q -p no:cacheprovider -rfEs)
+else  # the machine's own environment may lack pytest: the same tests through a stand-in
+  TEST_CMD=(python benchmarks/gpu/run_tests.py)
+fi
+timeout "$TEST_TIMEOUT" "${TEST_CMD[@]}" 2>&1 | tail -40 | tee -a "$OUT/tests.txt"
 TESTS_RC=${PIPESTATUS[0]}
 echo "tests exit status $TESTS_RC after $(elapsed) s" | tee -a "$OUT/tests.txt"
 
