@@ -83,12 +83,13 @@ def test_compiled_forward_matches_eager(family):
 
 
 def test_allocator_peak_on_cuda_and_accumulate_below_einsum():
-    """The CUDA memory path measures a positive allocator-level peak; the accumulate mixing path, which never
-    builds the K-fold intermediate, peaks lower than the einsum path on a 32 x 32 grid."""
+    """The CUDA memory path measures a positive allocator-level peak; in a training step the accumulate mixing path,
+    which keeps no value-sized tensor for backward, peaks lower than the einsum path (whose checkpoint keeps the
+    values). Inference peaks are the MLP's in both, so they are not compared."""
     peaks = {}
     for variant in ('ssog', 'ssog_einsum'):
         status, mem = measure_memory(Case('ode', 'tiny', variant, 512, 4), 'cuda', torch.float32)
         assert status == 'ok' and mem['method'] == 'cuda_max_allocated'
         assert mem['infer_mem_mb'] > 0 and mem['train_mem_mb'] > mem['infer_mem_mb']
         peaks[variant] = mem
-    assert peaks['ssog']['infer_mem_mb'] < peaks['ssog_einsum']['infer_mem_mb']
+    assert peaks['ssog']['train_mem_mb'] < peaks['ssog_einsum']['train_mem_mb']
