@@ -3,6 +3,7 @@
 Every load runs in a fresh interpreter, because huggingface_hub reads HF_ENDPOINT / HF_HUB_OFFLINE / HF_HOME when it
 is imported. The mirror runs in this process and records every request it serves.
 """
+import hashlib
 import json
 import os
 import re
@@ -460,3 +461,25 @@ def test_pretrained_without_mirror_fails_at_once_and_says_what_to_do(tmp_path, n
     assert out.returncode != 0 and last.startswith('RuntimeError')
     for phrase in ('not on huggingface.co yet', 'HF_ENDPOINT', 'timm_odevit.hub serve', "'local-dir:weights/"):
         assert phrase in last
+
+
+def test_export_replaces_files_whole(tmp_path):
+    """A re-export renames finished files into place: a reader that opened the old file keeps reading the old bytes
+    whole (they still hash to the old manifest), and the new file hashes to the new manifest."""
+    from timm_odevit.hub.export import export
+    from timm_odevit.hub.verify import load_manifest
+    root = tmp_path / 'weights'
+    root.mkdir()
+    model = timm.create_model('ssog_ode_tiny_patch4_32', num_classes=10, in_chans=1)
+    repo = export(model, 'ssog_ode_tiny_patch4_32', 'fmnist', str(root))
+    key = f'{repo.name}/model.safetensors'
+    old_sha = load_manifest(root)['files'][key]['sha256']
+    with open(repo / 'model.safetensors', 'rb') as reader:
+        with torch.no_grad():
+            for p in model.parameters():
+                p.add_(1.)
+        export(model, 'ssog_ode_tiny_patch4_32', 'fmnist', str(root))
+        assert hashlib.sha256(reader.read()).hexdigest() == old_sha
+    new_sha = load_manifest(root)['files'][key]['sha256']
+    assert new_sha != old_sha and hashlib.sha256((repo / 'model.safetensors').read_bytes()).hexdigest() == new_sha
+    assert sorted(p.name for p in root.iterdir()) == ['MANIFEST.json', repo.name]  # no staging folder left

@@ -5,6 +5,8 @@ card ``README.md`` rendered by timm's ``generate_readme``; ``weights/MANIFEST.js
 sha256 and size, and the repo is verified (config, architecture, weight shapes) before the command returns.
 """
 import json
+import os
+import shutil
 import tempfile
 from pathlib import Path
 from typing import Any, Dict, List, Optional
@@ -83,8 +85,16 @@ def export(
 ) -> Path:
     """Write ``root/<arch>.<tag>/`` (safetensors, config.json, README.md), update the manifest and verify it."""
     repo = Path(root) / f'{arch}.{tag}'
-    save_for_hf(model, str(repo), safe_serialization=True)
-    (repo / CARD_FILE).write_text(generate_readme(card or {}, f'{arch}.{tag}'), encoding='utf-8')
+    repo.mkdir(parents=True, exist_ok=True)
+    # written beside, then each file renamed into place: a reader (the mirror, a client) never sees half a file
+    staging = Path(tempfile.mkdtemp(prefix=f'.{repo.name}.', dir=root))
+    try:
+        save_for_hf(model, str(staging), safe_serialization=True)
+        (staging / CARD_FILE).write_text(generate_readme(card or {}, f'{arch}.{tag}'), encoding='utf-8')
+        for f in sorted(staging.iterdir()):
+            os.replace(f, repo / f.name)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
     write_manifest(Path(root))
     errors = verify_repo(Path(root), repo.name)
     if errors:

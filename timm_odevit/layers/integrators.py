@@ -362,6 +362,10 @@ class OdeDepth(_DepthBase):
         if x.is_meta:
             # meta tensors carry shapes only; torchdiffeq's checks need values
             return torch.stack([x + self.block(x, grid_size, **constants) for _ in times])
+        if x.numel() == 0:
+            # nothing to solve (an adaptive step-size controller cannot measure an empty state)
+            self.nfe = 0
+            return x.new_empty((len(times), *x.shape))
         t_dtype = torch.float32 if x.dtype in (torch.float16, torch.bfloat16) else x.dtype
         t = torch.tensor([0.] + times, dtype=t_dtype, device=x.device)
         options = {}
@@ -378,8 +382,6 @@ class OdeDepth(_DepthBase):
                 out = odeint(func, x, t, **kwargs)
         except AssertionError as e:
             # torchdiffeq reports a collapsed step only through assertions; our own checks decide everything else
-            if x.shape[0] == 0:
-                raise ValueError('An empty batch cannot be solved: pass at least one sample.') from e
             raise OdeSolverError(
                 f'ODE solve failed ({e}) with method={self.method!r}, rtol={self.rtol}, atol={self.atol}: the step '
                 'size collapsed. Loosen the tolerances, or use a fixed-grid method such as rk4.') from e
