@@ -483,3 +483,18 @@ def test_export_replaces_files_whole(tmp_path):
     new_sha = load_manifest(root)['files'][key]['sha256']
     assert new_sha != old_sha and hashlib.sha256((repo / 'model.safetensors').read_bytes()).hexdigest() == new_sha
     assert sorted(p.name for p in root.iterdir()) == ['MANIFEST.json', repo.name]  # no staging folder left
+
+
+def test_training_budget_from_cards(tmp_path):
+    """The weights table's budget column adds up each stage of a card's recipe, and refuses a card without one."""
+    from timm_odevit.hub.table import training_budget
+    two_stage = REPO_ROOT / 'weights' / 'ssog_vit_tiny_patch4_32.fmnist'
+    assert training_budget(two_stage) == '660k (11 epochs of 60,000)'
+    card = tmp_path / 'x.fmnist'
+    card.mkdir()
+    (card / 'README.md').write_text('- data: 3000 Fashion-MNIST training images\n- schedule: 2 epochs, batch 8\n'
+                                    '- data: 1000 Fashion-MNIST training images\n- schedule: 5 epochs, batch 8\n')
+    assert training_budget(card) == '11k (7 epochs in all)'
+    (card / 'README.md').write_text('no recipe here')
+    with pytest.raises(ValueError, match='states no training data'):
+        training_budget(card)

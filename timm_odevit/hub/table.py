@@ -5,7 +5,7 @@ from typing import Dict, List
 
 from . import CARD_FILE
 
-__all__ = ['card_facts', 'weights_table']
+__all__ = ['card_facts', 'training_budget', 'weights_table']
 
 _FIELDS = {
     'params': r'\*\*Params \(M\):\*\* ([\d.]+)',
@@ -29,12 +29,26 @@ def card_facts(repo_dir: Path) -> Dict[str, str]:
     return facts
 
 
+def training_budget(repo_dir: Path) -> str:
+    """Images seen in training, from the card's recipe: each stage's training images times its epochs, e.g.
+    '660k (11 epochs of 60,000)' (ValueError when the card states no recipe)."""
+    card = (Path(repo_dir) / CARD_FILE).read_text(encoding='utf-8')
+    sizes = [int(n) for n in re.findall(r'data: (\d+) (?:Fashion-MNIST )?training images', card)]
+    epochs = [int(n) for n in re.findall(r'schedule: (\d+) epochs', card)]
+    if not sizes or len(sizes) != len(epochs):
+        raise ValueError(f'{repo_dir / CARD_FILE} states no training data and schedule per stage: re-export it with '
+                         'python -m timm_odevit.hub export.')
+    seen = sum(n * e for n, e in zip(sizes, epochs))
+    of = f'of {sizes[0]:,}' if len(set(sizes)) == 1 else 'in all'
+    return f'{seen / 1000:,.0f}k ({sum(epochs)} epochs {of})'
+
+
 def weights_table(root: Path) -> str:
     """Markdown: one row per ``<arch>.<tag>`` folder under ``root``, sorted by name."""
-    lines: List[str] = ['| weights (`pretrained=True`) | input | params (M) | GMACs | top-1 sample (1,000) | '
-                        'top-1 test (10,000) |', '|---|---|---:|---:|---:|---:|']
+    lines: List[str] = ['| weights (`pretrained=True`) | input | params (M) | GMACs | training images seen | '
+                        'top-1 sample (1,000) | top-1 test (10,000) |', '|---|---|---:|---:|---|---:|---:|']
     for repo in sorted(p for p in Path(root).iterdir() if p.is_dir()):
         f = card_facts(repo)
-        lines.append(f'| `{repo.name}` | {f["image"]} | {f["params"]} | {f["gmacs"]} | {f["sample"]}% | '
-                     f'{f["test"]}% |')
+        lines.append(f'| `{repo.name}` | {f["image"]} | {f["params"]} | {f["gmacs"]} | {training_budget(repo)} | '
+                     f'{f["sample"]}% | {f["test"]}% |')
     return '\n'.join(lines) + '\n'
