@@ -100,11 +100,11 @@ class _ResidualDepth(_DepthBase):
         last = max(take) if (take and stop_early) else self.num_layers - 1
         states = []
         shared = self.shared_block()
-        constants = field_constants(shared, grid_size) if shared is not None else None
+        shared_constants = field_constants(shared, grid_size) if shared is not None else {}
         for i in range(last + 1):
             block = self.block_at(i)
-            x = x + self._apply_block(
-                block, x, grid_size, constants if constants is not None else field_constants(block, grid_size))
+            constants = shared_constants if shared is not None else field_constants(block, grid_size)
+            x = x + self._apply_block(block, x, grid_size, constants)
             if i in take:
                 states.append(x)
         return x, states
