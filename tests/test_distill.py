@@ -336,3 +336,55 @@ def test_clip_parameters_exclude_the_head_by_name():
     every = task.get_clip_parameters()
     kept = task.get_clip_parameters(exclude_head=True)
     assert {id(p) for p in every} - {id(p) for p in kept} == head and len(head) == 2
+
+
+# ------------------------------------------------------------------------------------- normalised state matching
+def test_state_norms():
+    """Normalised state losses ignore what a raw MSE is dominated by: a teacher's scale and offset."""
+    from timm_odevit.distill import STATE_NORMS, state_matching_loss
+    g = torch.Generator().manual_seed(0)
+    s, t = torch.randn(3, 4, 5, 16, generator=g), torch.randn(3, 4, 5, 16, generator=g)
+    assert set(STATE_NORMS) == {'none', 'layernorm', 'cosine', 'standardize'}
+    for norm in STATE_NORMS:
+        assert float(state_matching_loss(t, t, norm)) == pytest.approx(0., abs=1e-5)
+    big = 10 * t + 3
+    assert float(state_matching_loss(s, big)) > 50 * float(state_matching_loss(s, t))  # raw: scale dominates
+    # (to LayerNorm's eps)
+    torch.testing.assert_close(state_matching_loss(s, big, 'layernorm'), state_matching_loss(s, t, 'layernorm'),
+                               rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(state_matching_loss(s, 10 * t, 'cosine'), state_matching_loss(s, t, 'cosine'))
+    # standardize: a student that matches the teacher up to its per-dimension statistics is close, not far
+    assert float(state_matching_loss(big + 0.1 * s, big, 'standardize')) < 0.1
+    with pytest.raises(ValueError, match='state norm'):
+        state_matching_loss(s, t, 'l2')
+
+
+def test_distill_terms_decay_to_zero_at_their_end_epoch(batch):
+    """With distill_end_epoch the teacher's terms fade linearly; after it the loss is the label loss alone."""
+    x, y = batch
+    task = TrajectoryDistillationTask(make_student(), make_teacher(), state_norm='layernorm', kd_loss_weight=1.,
+                                      distill_end_epoch=4, verbose=False)
+    scales = []
+    for epoch in (0, 2, 4, 6):
+        task.set_epoch(epoch)
+        scales.append(task.distill_scale())
+    assert scales == [1., .5, 0., 0.]
+    out = task(x, y)
+    assert float(out['state_loss']) > 0 and float(out['kd_loss']) > 0
+    torch.testing.assert_close(out['loss'], out['task_loss'])
+    with pytest.raises(ValueError, match='distill_end_epoch'):
+        TrajectoryDistillationTask(make_student(), make_teacher(), distill_end_epoch=0, verbose=False)
+    with pytest.raises(ValueError, match='state_norm'):
+        TrajectoryDistillationTask(make_student(), make_teacher(), state_norm='l2', verbose=False)
+
+
+def test_command_state_norm_schedule_and_kd_default(image_folder, tmp_path):
+    """--state-norm and --distill-end-epoch reach the task; logit KD is on by default when the teacher classifies
+    into the student's classes (its logits then mean something for the student)."""
+    from timm_odevit.train.command import build_task, parse_args
+    args = parse_args(command(image_folder, str(tmp_path), '--state-norm', 'cosine', '--distill-end-epoch', '3'))
+    task = build_task(args, torch.device('cpu'))
+    assert task.state_norm == 'cosine' and task.distill_end_epoch == 3 and task.kd_loss_weight == 1.
+    args = parse_args(command(image_folder, str(tmp_path), '--teacher-kwargs', 'img_size=32', 'patch_size=4',
+                              'depth=3', 'num_classes=5', '--no-init-from-teacher'))
+    assert build_task(args, torch.device('cpu')).kd_loss_weight == 0.

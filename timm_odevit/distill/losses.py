@@ -2,13 +2,35 @@
 import torch
 import torch.nn.functional as F
 
-__all__ = ['state_matching_loss', 'cls_attention_loss', 'logit_kd_loss', 'jasmin_loss', 'jasmin_g']
+__all__ = ['STATE_NORMS', 'state_matching_loss', 'cls_attention_loss', 'logit_kd_loss', 'jasmin_loss', 'jasmin_g']
 
 
-def state_matching_loss(student: torch.Tensor, teacher: torch.Tensor) -> torch.Tensor:
-    """Sum over targets of the MSE between matched states: [K, B, ...] each (ODE-ViT sums its CLS MSEs)."""
+STATE_NORMS = ('none', 'layernorm', 'cosine', 'standardize')
+
+
+def state_matching_loss(student: torch.Tensor, teacher: torch.Tensor, norm: str = 'none') -> torch.Tensor:
+    """Sum over targets of the distance between matched states [K, B, ..., D] (ODE-ViT sums its CLS MSEs).
+
+    ``norm`` says what is compared, because raw teacher states can be far larger than the student's (an MSE near 74
+    against a label loss near 1.6 in our first runs) and would drown the label loss:
+    'none' the raw MSE (the paper); 'layernorm' the MSE of both states after a per-token LayerNorm without affine
+    parameters (scale- and shift-free); 'cosine' 1 - cosine similarity per token; 'standardize' the MSE after
+    standardising both by the teacher's per-dimension mean and std at that target (over batch and tokens).
+    """
     if student.shape != teacher.shape:
         raise ValueError(f'State shapes differ: student {tuple(student.shape)}, teacher {tuple(teacher.shape)}.')
+    if norm not in STATE_NORMS:
+        raise ValueError(f'state norm must be one of {STATE_NORMS}, got {norm!r}.')
+    if norm == 'cosine':
+        return (1 - F.cosine_similarity(student, teacher, dim=-1)).flatten(1).mean(1).sum()
+    if norm == 'layernorm':
+        student = F.layer_norm(student, student.shape[-1:])
+        teacher = F.layer_norm(teacher, teacher.shape[-1:])
+    elif norm == 'standardize':
+        dims = tuple(range(1, teacher.ndim - 1))
+        mean = teacher.mean(dim=dims, keepdim=True)
+        std = teacher.std(dim=dims, keepdim=True).clamp_min(1e-6)
+        student, teacher = (student - mean) / std, (teacher - mean) / std
     return F.mse_loss(student, teacher, reduction='none').flatten(1).mean(1).sum()
 
 

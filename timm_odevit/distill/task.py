@@ -14,7 +14,7 @@ from timm.utils import unwrap_model
 
 from ..models import DepthVisionTransformer
 from .init import COPYABLE_PARTS, copy_from_teacher
-from .losses import cls_attention_loss, jasmin_loss, logit_kd_loss, state_matching_loss
+from .losses import STATE_NORMS, cls_attention_loss, jasmin_loss, logit_kd_loss, state_matching_loss
 from .times import TIME_RULES, cls_distances, paper_times, solver_grid, trunk_t_end, uniform_times, validate_times
 
 __all__ = ['TrajectoryDistillationTask', 'TrajectoryTrainableModule', 'find_attention_module', 'attention_from_qkv',
@@ -137,9 +137,13 @@ class TrajectoryDistillationTask(TrainingTask):
         teacher_indices: which teacher blocks are targets (timm's ``indices``: n = last n, a list, None = all).
         times: 'uniform', 'paper', or one time per target in the student's depth units (0, t_end].
         state_tokens: match the CLS token only ('cls', as the paper) or CLS and all patch tokens ('all').
+        state_norm: what the state loss compares (``losses.STATE_NORMS``): 'none' the raw MSE (the paper),
+            'layernorm', 'cosine' or 'standardize' (see ``state_matching_loss``).
         state_loss_weight, attn_loss_weight, kd_loss_weight, task_loss_weight, jasmin_weight: term weights.
         kd_temperature: logit KD temperature.
         task_loss_start_epoch: first epoch (see ``set_epoch``) at which the label loss counts (paper: 200 of 300).
+        distill_end_epoch: the teacher's terms (state, attention, KD, JaSMin) decay linearly from full weight at
+            epoch 0 to 0 at this epoch, leaving the label loss alone after it (None: they never decay).
         jasmin_k: JaSMin's k (log(g_1/g_k); 0 gives log g_1).
         jasmin_detach: compute JaSMin on detached maps, as ODE-ViT's released code (logged, no gradient).
         init_from_teacher: copy these teacher parts into the student (True = all of ``COPYABLE_PARTS``).
@@ -157,12 +161,14 @@ class TrajectoryDistillationTask(TrainingTask):
             teacher_indices: Optional[Union[int, List[int]]] = None,
             times: Union[str, Sequence[float]] = 'uniform',
             state_tokens: str = 'cls',
+            state_norm: str = 'none',
             state_loss_weight: float = 0.5,
             attn_loss_weight: float = 0.25,
             kd_loss_weight: float = 0.,
             kd_temperature: float = 1.,
             task_loss_weight: float = 1.,
             task_loss_start_epoch: int = 0,
+            distill_end_epoch: Optional[int] = None,
             jasmin_weight: float = 1.,
             jasmin_k: int = 2,
             jasmin_detach: bool = False,
@@ -187,6 +193,10 @@ class TrajectoryDistillationTask(TrainingTask):
                             ('jasmin_weight', jasmin_weight)):
             if not value >= 0:
                 raise ValueError(f'{name} must be >= 0, got {value}.')
+        if state_norm not in STATE_NORMS:
+            raise ValueError(f'state_norm must be one of {STATE_NORMS}, got {state_norm!r}.')
+        if distill_end_epoch is not None and distill_end_epoch < 1:
+            raise ValueError(f'distill_end_epoch must be >= 1 (or None), got {distill_end_epoch}.')
         if not kd_temperature > 0:
             raise ValueError(f'kd_temperature must be > 0, got {kd_temperature}.')
 
@@ -211,6 +221,8 @@ class TrajectoryDistillationTask(TrainingTask):
 
         self.teacher_indices = teacher_indices
         self.state_tokens = state_tokens
+        self.state_norm = state_norm
+        self.distill_end_epoch = distill_end_epoch
         self.state_loss_weight = state_loss_weight
         self.attn_loss_weight = attn_loss_weight
         self.kd_loss_weight = kd_loss_weight
@@ -441,7 +453,7 @@ class TrajectoryDistillationTask(TrainingTask):
         zero = logits.new_zeros(())
         terms = dict.fromkeys(LOSS_KEYS, zero)
         if self.state_loss_weight > 0:
-            terms['state_loss'] = state_matching_loss(states, t['states'].to(states.dtype))
+            terms['state_loss'] = state_matching_loss(states, t['states'].to(states.dtype), self.state_norm)
         if need_t_attn:
             terms['attn_loss'] = cls_attention_loss(
                 attn, t['attn'].to(attn.dtype), self.trainable_module_student().num_prefix_tokens,
@@ -454,10 +466,17 @@ class TrajectoryDistillationTask(TrainingTask):
         # before the start epoch the label loss stays in the graph with weight 0: the head then receives a (zero)
         # gradient every step, which DDP requires of every trainable parameter
         task_weight = self.task_loss_weight if self.epoch >= self.task_loss_start_epoch else 0.
-        total = (self.state_loss_weight * terms['state_loss'] + self.attn_loss_weight * terms['attn_loss']
-                 + self.kd_loss_weight * terms['kd_loss'] + task_weight * terms['task_loss']
-                 + self.jasmin_weight * terms['jasmin_loss'])
+        guide = self.distill_scale()
+        total = (guide * (self.state_loss_weight * terms['state_loss'] + self.attn_loss_weight * terms['attn_loss']
+                          + self.kd_loss_weight * terms['kd_loss'] + self.jasmin_weight * terms['jasmin_loss'])
+                 + task_weight * terms['task_loss'])
         return {'loss': total, 'output': logits, **terms}
+
+    def distill_scale(self) -> float:
+        """The factor on the teacher's terms this epoch: 1, decaying linearly to 0 at ``distill_end_epoch``."""
+        if self.distill_end_epoch is None:
+            return 1.
+        return max(0., 1. - self.epoch / self.distill_end_epoch)
 
     def trainable_module_student(self) -> DepthVisionTransformer:
         """The unwrapped student."""

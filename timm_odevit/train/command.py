@@ -35,7 +35,7 @@ from timm.utils import (
 from timm.utils.distributed import init_distributed_device_so
 
 from ..data import FASHION_MNIST_MEAN, FASHION_MNIST_STD, augment_batch, build_dataset
-from ..distill import LOSS_KEYS, TrajectoryDistillationTask, indices_to_times
+from ..distill import LOSS_KEYS, STATE_NORMS, TrajectoryDistillationTask, indices_to_times
 from ..evaluate import evaluate
 from .checkpoint import checkpoint_args, read_checkpoint
 
@@ -91,13 +91,18 @@ def _parser() -> argparse.ArgumentParser:
     g.add_argument('--time-indices', default=None, help='comma-separated solver grid indices instead of times')
     g.add_argument('--teacher-indices', default=None, help='teacher blocks to distil (comma list, or n = last n)')
     g.add_argument('--state-tokens', default='cls', choices=('cls', 'all'))
+    g.add_argument('--state-norm', default='none', choices=STATE_NORMS,
+                   help="what the state loss compares: 'none' raw MSE (the paper), 'layernorm', 'cosine', 'standardize'")
     g.add_argument('--state-weight', type=float, default=0.5)
     g.add_argument('--attn-weight', type=float, default=None,
                    help='CLS attention L1 weight (default 0.25 when both models have attention maps, else 0)')
-    g.add_argument('--kd-weight', type=float, default=0.)
+    g.add_argument('--kd-weight', type=float, default=None,
+                   help='logit KD weight (default 1 when the teacher classifies into the student\'s classes, else 0)')
     g.add_argument('--kd-temperature', type=float, default=1.)
     g.add_argument('--ce-weight', type=float, default=1.)
     g.add_argument('--ce-start-epoch', type=int, default=0)
+    g.add_argument('--distill-end-epoch', type=int, default=None,
+                   help="the teacher's terms decay linearly to 0 at this epoch (default: never)")
     g.add_argument('--jasmin-weight', type=float, default=None,
                    help='JaSMin weight (default 1 when the student has attention maps, else 0)')
     g.add_argument('--jasmin-k', type=int, default=2)
@@ -190,6 +195,7 @@ def build_task(args: argparse.Namespace, device: torch.device) -> torch.nn.Modul
     else:
         t_kwargs.setdefault('num_classes', args.num_classes)
         teacher = timm.create_model(args.teacher, checkpoint_path=args.teacher_checkpoint, **t_kwargs)
+    same_labels = getattr(teacher, 'num_classes', None) == model.num_classes
     teacher = DistillationTeacher(teacher, device=device)
     mixer = model.trunk.field_blocks()[-1].mixer
     has_maps = bool(getattr(mixer, 'supports_attn_maps', False))
@@ -207,12 +213,14 @@ def build_task(args: argparse.Namespace, device: torch.device) -> torch.nn.Modul
         teacher_indices=teacher_indices,
         times=times,
         state_tokens=args.state_tokens,
+        state_norm=args.state_norm,
         state_loss_weight=args.state_weight,
         attn_loss_weight=(0.25 if has_maps else 0.) if args.attn_weight is None else args.attn_weight,
-        kd_loss_weight=args.kd_weight,
+        kd_loss_weight=(1. if same_labels else 0.) if args.kd_weight is None else args.kd_weight,
         kd_temperature=args.kd_temperature,
         task_loss_weight=args.ce_weight,
         task_loss_start_epoch=args.ce_start_epoch,
+        distill_end_epoch=args.distill_end_epoch,
         jasmin_weight=(1. if has_maps else 0.) if args.jasmin_weight is None else args.jasmin_weight,
         jasmin_k=args.jasmin_k,
         jasmin_detach=args.jasmin_detach,
