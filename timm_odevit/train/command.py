@@ -92,7 +92,7 @@ def _parser() -> argparse.ArgumentParser:
     g.add_argument('--teacher-indices', default=None, help='teacher blocks to distil (comma list, or n = last n)')
     g.add_argument('--state-tokens', default='cls', choices=('cls', 'all'))
     g.add_argument('--state-norm', default='none', choices=STATE_NORMS,
-                   help="what the state loss compares: 'none' raw MSE (the paper), 'layernorm', 'cosine', 'standardize'")
+                   help="what the state loss compares: 'none' the raw MSE (the paper), or a normalised distance")
     g.add_argument('--state-weight', type=float, default=0.5)
     g.add_argument('--attn-weight', type=float, default=None,
                    help='CLS attention L1 weight (default 0.25 when both models have attention maps, else 0)')
