@@ -4,6 +4,7 @@ For each depth setting, width, resolution and batch size, models that differ onl
 interleaved (A B C D A B C D ...), warm-up excluded; medians and spread are reported. Variants:
 
 - ``ssog``: the SSoG family (default mixing path); ``ssog_einsum``: the same model on the einsum mixing path;
+  ``ssog_steer``: the same model with content-steered kernels (``ssog_steer=True``);
 - ``fused``: the dense twin with fused ``F.scaled_dot_product_attention`` (timm's default);
 - ``eager``: the dense twin with explicit softmax maps (``fused_attn = False``, as ODE-ViT's code runs it);
 - ``floor``: the SSoG model with an identity mixer (the cost of everything but mixing).
@@ -34,7 +35,7 @@ from .. import models  # noqa: F401  (registers the models)
 from ..models.families import SETTINGS, SIZES, model_name
 
 VARIANTS = ('ssog', 'fused', 'eager', 'floor')
-ALL_VARIANTS = VARIANTS + ('ssog_einsum',)
+ALL_VARIANTS = VARIANTS + ('ssog_einsum', 'ssog_steer')
 PRECISIONS = ('float32', 'bfloat16', 'float16', 'amp_bfloat16', 'amp_float16')
 # timm's benchmark.py column names where they exist, then ours
 CSV_COLUMNS = [
@@ -69,7 +70,8 @@ class Case:
 
     @property
     def label(self) -> str:
-        suffix = {'floor': '+identity', 'eager': '+eager', 'ssog_einsum': '+einsum'}.get(self.variant, '')
+        suffix = {'floor': '+identity', 'eager': '+eager', 'ssog_einsum': '+einsum', 'ssog_steer': '+steer'}.get(
+            self.variant, '')
         return f'{self.model_name}{suffix}@{self.img_size}/b{self.batch_size}{"/compiled" if self.compiled else ""}'
 
     def build_eager(self, device: str = 'cpu', dtype: torch.dtype = torch.float32) -> torch.nn.Module:
@@ -77,6 +79,8 @@ class Case:
         kwargs: Dict[str, Any] = dict(img_size=self.img_size, device=device, dtype=dtype)
         if self.variant == 'floor':
             kwargs['mixer'] = 'identity'
+        elif self.variant == 'ssog_steer':
+            kwargs['ssog_steer'] = True  # the content-steered kernels (zero probes: the cost, not the output, differs)
         model = timm.create_model(self.model_name, **kwargs)
         for m in model.modules():
             if self.variant == 'eager' and hasattr(m, 'fused_attn'):
@@ -618,9 +622,10 @@ def plot(rows: Sequence[Dict[str, object]], path: str, title: str) -> None:
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, 3, figsize=(16, 4.8))
-    styles = {'ssog': '-', 'ssog_einsum': '-.', 'fused': '--', 'eager': (0, (1, 1)), 'floor': ':'}
-    colors = {'ssog': 'tab:green', 'ssog_einsum': 'tab:olive', 'fused': 'tab:blue', 'eager': 'tab:red',
-              'floor': 'tab:gray'}
+    styles = {'ssog': '-', 'ssog_einsum': '-.', 'ssog_steer': (0, (5, 1)), 'fused': '--', 'eager': (0, (1, 1)),
+              'floor': ':'}
+    colors = {'ssog': 'tab:green', 'ssog_einsum': 'tab:olive', 'ssog_steer': 'tab:purple', 'fused': 'tab:blue',
+              'eager': 'tab:red', 'floor': 'tab:gray'}
     groups: Dict[Tuple, List[Dict]] = {}
     for r in rows:
         groups.setdefault((r['setting'], r['width'], r['variant'], r.get('infer_batch_size'),
