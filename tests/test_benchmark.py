@@ -84,6 +84,9 @@ def test_variants_build_the_baselines():
     assert {m.mixing for m in einsum.modules() if isinstance(m, SeparableGaussianMixer)} == {'einsum'}
     floor = Case('ode', 'tiny', 'floor', 32, 1).build_eager()
     assert not any(isinstance(m, (SeparableGaussianMixer, MultiHeadAttention)) for m in floor.modules())
+    steer = Case('ode', 'tiny', 'ssog_steer', 32, 1)
+    assert {m.steer for m in steer.build_eager().modules() if isinstance(m, SeparableGaussianMixer)} == {True}
+    assert steer.label == 'ssog_ode_tiny+steer@32/b1'
     assert Case('ode', 'tiny', 'ssog', 32, 1).model_name == 'ssog_ode_tiny'
     assert Case('discrete', 'small', 'eager', 32, 1).model_name == 'dense_vit_small'
 
