@@ -143,6 +143,7 @@ def test_compile_respects_solver_change(fresh_dynamo):
     ('odevit_tiny', dict(prefix_mixing='none')),
     ('ssog_ode_tiny', dict(attn_drop_rate=0.1)),
     ('odevit_tiny', dict(ssog_steer=True)),
+    ('looped_vit_tiny', dict(ssog_mixing='einsum')),
 ])
 def test_inapplicable_options_raise_type_error(name, kwargs):
     with pytest.raises(TypeError, match='apply to|applies to'):
@@ -152,6 +153,8 @@ def test_inapplicable_options_raise_type_error(name, kwargs):
 def test_applicable_options_accepted():
     assert timm.create_model('ssog_ode_tiny', device='meta', num_gaussians=2, ode_method='rk4').trunk.method == 'rk4'
     assert timm.create_model('odevit_tiny', device='meta', attn_drop_rate=0.1).trunk.block.mixer.attn_drop == 0.1
+    mixer = timm.create_model('looped_ssog_tiny', device='meta', ssog_mixing='einsum', ssog_steer=True).trunk.block.mixer
+    assert mixer.mixing == 'einsum' and mixer.steer
 
 
 @pytest.mark.parametrize('name', ['looped_ssog_tiny_patch4_32', 'odevit_tiny_patch4_32'])

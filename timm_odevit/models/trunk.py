@@ -113,6 +113,7 @@ class DepthVisionTransformer(nn.Module):
             learn_offset: Optional[bool] = None,
             prefix_mixing: Optional[Literal['mean', 'none']] = None,
             ssog_steer: Optional[bool] = None,
+            ssog_mixing: Optional[Literal['accumulate', 'einsum']] = None,
             ode_method: Optional[str] = None,
             ode_steps: Optional[int] = None,
             ode_t_end: Optional[float] = None,
@@ -154,6 +155,8 @@ class DepthVisionTransformer(nn.Module):
             ssog_steer: Let each token steer the Gaussians (ssog only; default False): bounded per-position
                 residuals on centre, width and mixture weight, zero at initialisation. Steered kernels have no
                 global Lipschitz bound, so the ODE families keep fixed kernels by default.
+            ssog_mixing: How the fixed kernels are applied (ssog only): 'accumulate' (default: one component at a
+                time, least memory) or 'einsum' (all components at once; see docs/benchmark.md).
             ode_method: ODE method (ode only; default 'euler'): a fixed-grid or an adaptive one, see OdeDepth.
             ode_steps: Uniform solver steps for fixed-grid methods (ode only; default: depth).
             ode_t_end: End of the integration interval (ode only; default: depth, i.e. unit steps).
@@ -190,12 +193,12 @@ class DepthVisionTransformer(nn.Module):
             raise ValueError('drop_path_rate must be 0 for ODE trunks: a randomly dropped field has no solution; '
                              'use proj_drop_rate for regularization.')
         ssog_options = _given(num_gaussians=num_gaussians, learn_offset=learn_offset, prefix_mixing=prefix_mixing,
-                              ssog_steer=ssog_steer)
+                              ssog_steer=ssog_steer, ssog_mixing=ssog_mixing)
         ode_kwargs = _given(method=ode_method, steps=ode_steps, t_end=ode_t_end, rtol=ode_rtol, atol=ode_atol,
                             adjoint=ode_adjoint, max_nfe=ode_max_nfe)
         if ssog_options and mixer != 'ssog':
             raise TypeError(f'{", ".join(ssog_options)} apply to the ssog mixer only; this model has mixer={mixer!r}.')
-        mixer_kwargs = {('steer' if k == 'ssog_steer' else k): v for k, v in ssog_options.items()}
+        mixer_kwargs = {k[len('ssog_'):] if k.startswith('ssog_') else k: v for k, v in ssog_options.items()}
         if attn_drop_rate is not None and mixer != 'attention':
             raise TypeError(f'attn_drop_rate applies to attention only; this model has mixer={mixer!r}.')
         if ode_kwargs and depth_mode != 'ode':
