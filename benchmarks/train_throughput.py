@@ -3,7 +3,7 @@
     OMP_NUM_THREADS=2 python benchmarks/train_throughput.py --out benchmarks/compile_cpu.md
 
 Training: one AdamW step (cross-entropy, batch 128, 32 px, 10 classes) of a tiny 32 px model per depth setting, in
-three modes: eager fp32, eager bf16 autocast, torch.compile (inductor) bf16 autocast. Inference: one batch-1 forward
+four modes: eager and torch.compile (inductor), each in fp32 and under bf16 autocast. Inference: one batch-1 forward
 at 1024 px of ``ssog_ode_tiny`` eager vs compiled. The modes of a model are timed interleaved (A B C A B C ...) so
 that load from other processes hits them alike; medians of ``--repeats`` and the ratios are printed as Markdown.
 """
@@ -20,7 +20,7 @@ import torch.nn.functional as F
 import timm_odevit  # noqa: F401  (registers the models)
 from timm_odevit.models.families import FAMILIES, model_name
 
-MODES = ('eager fp32', 'eager bf16', 'compiled bf16')
+MODES = ('eager fp32', 'compiled fp32', 'eager bf16', 'compiled bf16')
 
 
 def _autocast(bf16: bool) -> contextlib.AbstractContextManager:
@@ -77,14 +77,16 @@ def main() -> None:
     args = p.parse_args()
     lines = [f'torch {torch.__version__}, {torch.get_num_threads()} threads, training batch {args.batch_size}, '
              f'median of {args.repeats} interleaved repeats', '',
-             '| model | ' + ' | '.join(f'{m} (img/s)' for m in MODES) + ' | bf16 / fp32 | compiled / eager bf16 |',
-             '|---|' + '---:|' * (len(MODES) + 2)]
+             '| model | ' + ' | '.join(f'{m} (img/s)' for m in MODES)
+             + ' | bf16 / fp32, eager | compiled / eager, fp32 | compiled / eager, bf16 |',
+             '|---|' + '---:|' * (len(MODES) + 3)]
     for family in (f for f in FAMILIES.values() if f.is_ssog):
         for name in (model_name(family.name, 'tiny', True), model_name(family.twin, 'tiny', True)):
             med = interleaved_medians({m: train_step_fn(name, m, args.batch_size) for m in MODES}, args.repeats)
             ips = {m: args.batch_size / med[m] for m in MODES}
             lines.append(f'| `{name}` | ' + ' | '.join(f'{ips[m]:.0f}' for m in MODES)
                          + f' | {ips["eager bf16"] / ips["eager fp32"]:.2f}x'
+                         f' | {ips["compiled fp32"] / ips["eager fp32"]:.2f}x'
                          f' | {ips["compiled bf16"] / ips["eager bf16"]:.2f}x |')
             print(lines[-1], flush=True)
     lines += ['', f'Inference, batch 1, {args.infer_img_size} px, fp32:', '',
