@@ -100,6 +100,10 @@ def main(argv: Optional[List[str]] = None) -> int:
     bar = tqdm(total=len(groups) * (1 + (not args.no_memory) * len(args.variants)), desc='benchmark', unit='step')
     start = time.time()
     for setting, width, img, batch in groups:
+        if args.compile:
+            # each group compiles fresh models: without a reset, dynamo's recompile limit (8 per function) is reached
+            # after a group or two and the later models run eagerly, silently
+            torch._dynamo.reset()
         cases = [Case(setting, width, v, img, batch, args.compile) for v in args.variants]
         bar.set_postfix_str(f'{setting} {width} {img}px b{batch} timing')
         results = time_interleaved(cases, 0 if args.no_timing else args.repeats, 0 if args.no_timing else args.warmup,
