@@ -37,7 +37,11 @@ PathLike = Union[str, os.PathLike]
 
 DEBIAN_FASHION_MNIST = Path('/usr/share/datasets/fashion-mnist')
 # the sample ships with the repository (tests and demo); a wheel install does not carry it
-SAMPLE_DIR = Path(__file__).resolve().parent.parent / 'tests' / 'data' / 'fashion_mnist_sample'
+_CHECKOUT_SAMPLE = Path(__file__).resolve().parent.parent / 'tests' / 'data' / 'fashion_mnist_sample'
+# a normal (non-editable) install has no checkout beside it: the wheel carries the sample inside the package
+# (setup.py bundles it into hub.demo's BUNDLE_DIR)
+_BUNDLED_SAMPLE = Path(__file__).resolve().parent / '_bundled' / 'fashion_mnist_sample'
+SAMPLE_DIR = _CHECKOUT_SAMPLE if _CHECKOUT_SAMPLE.is_dir() else _BUNDLED_SAMPLE
 # split -> (images, labels) file names as torchvision expects them under raw/
 IDX_FILES = {
     'train': ('train-images-idx3-ubyte', 'train-labels-idx1-ubyte'),
