@@ -40,7 +40,7 @@ DEBIAN_FASHION_MNIST = Path('/usr/share/datasets/fashion-mnist')
 _CHECKOUT_SAMPLE = Path(__file__).resolve().parent.parent / 'tests' / 'data' / 'fashion_mnist_sample'
 # a normal (non-editable) install has no checkout beside it: the wheel carries the sample inside the package
 # (setup.py bundles it into hub.demo's BUNDLE_DIR)
-_BUNDLED_SAMPLE = Path(__file__).resolve().parent / '_bundled' / 'fashion_mnist_sample'
+_BUNDLED_SAMPLE = Path(__file__).resolve().parent / '_bundled' / 'fashion_mnist_sample'  # hub.demo's names
 SAMPLE_DIR = _CHECKOUT_SAMPLE if _CHECKOUT_SAMPLE.is_dir() else _BUNDLED_SAMPLE
 # split -> (images, labels) file names as torchvision expects them under raw/
 IDX_FILES = {

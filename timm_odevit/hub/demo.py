@@ -16,6 +16,7 @@ import tempfile
 from pathlib import Path
 from typing import Dict, List, Optional
 
+from .. import data as fm
 from . import MANIFEST_FILE, ORG
 from .server import HubMirror
 
@@ -56,10 +57,6 @@ print(f"top-1 on the bundled sample {r['top1']:.2f}% ({r['correct']}/{r['n']}), 
 '''
 
 
-def _first_dir(*candidates: Path) -> Optional[Path]:
-    return next((c for c in candidates if c.is_dir()), None)
-
-
 def weights_root() -> Optional[Path]:
     """The folder of Hub repos the demo serves: the copy bundled with the package, else a checkout's ``weights/``."""
     bundled = _PACKAGE / BUNDLE_DIR / 'weights'
@@ -68,8 +65,9 @@ def weights_root() -> Optional[Path]:
 
 
 def sample_dir() -> Optional[Path]:
-    """The 1,000-image Fashion-MNIST sample: the copy bundled with the package, else a checkout's ``tests/data/``."""
-    return _first_dir(_PACKAGE / BUNDLE_DIR / SAMPLE_NAME, _CHECKOUT / 'tests' / 'data' / SAMPLE_NAME)
+    """The 1,000-image Fashion-MNIST sample (``data.SAMPLE_DIR``: a checkout's ``tests/data/``, else the copy bundled
+    with the package), or None where neither is there."""
+    return fm.SAMPLE_DIR if fm.SAMPLE_DIR.is_dir() else None
 
 
 def hub_env(endpoint: str, hf_home: str, offline: bool = False) -> Dict[str, str]:
