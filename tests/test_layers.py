@@ -276,6 +276,57 @@ def test_steered_mixer_matches_entrywise_reference():
     assert (res.abs() <= bounds).all()
 
 
+def _steered_dense(mixer, x, grid_size):
+    """The steered mixer as one differentiable N x N operator per image and head, built with plain softmaxes."""
+    B, N, C = x.shape
+    H, W = grid_size
+    p = N - H * W
+    v = mixer.v(x)
+    r = mixer.steer_residuals(x[:, p:], grid_size)  # [B, H, W, heads, K, 5]
+    ls, off = mixer.log_sigma, mixer.offset
+
+    def gauss(size, centre, log_width, out_dim):  # rows over the source index, for output index i of out_dim
+        i = torch.arange(size, dtype=x.dtype)
+        d = (i[:, None] - i[None, :])[None, :, None, None, None, :] if out_dim == 1 else \
+            (i[:, None] - i[None, :])[None, None, :, None, None, :]
+        return (-(d - centre[..., None]) ** 2 / (2 * log_width.exp()[..., None] ** 2)).softmax(-1)
+    gx = gauss(W, off[1] + r[..., 0], ls[1] + r[..., 1], 2)  # [B, i', j, heads, K, j']
+    a = (mixer.mix_logits + r[..., 4]).softmax(-1)
+    gy = gauss(H, off[0] + r[..., 2], ls[0] + r[..., 3], 1) * a[..., None]  # [B, i, j, heads, K, i']
+    op = torch.einsum('bijhkI,bIjhkJ->bhijIJ', gy, gx)
+    vp = v[:, p:].reshape(B, H, W, mixer.num_heads, mixer.head_dim)
+    mixed = torch.einsum('bhijIJ,bIJhd->bijhd', op, vp).reshape(B, H * W, C)
+    return mixer.proj(torch.cat([v[:, p:].mean(1, keepdim=True).expand(B, p, C), mixed], 1))
+
+
+@pytest.mark.parametrize('columns_per_chunk', [None, 1, 2])
+def test_steered_mixer_gradients_match_dense_operator(monkeypatch, columns_per_chunk):
+    """Gradients of the chunked steered mixing (inputs, kernel parameters, probe, gate) equal those of the dense
+    operator built with plain softmaxes, whatever the chunking of the output columns."""
+    import functools
+    import timm_odevit.layers.mixers as mixers
+    monkeypatch.setattr(mixers, '_steered_mix',
+                        functools.partial(mixers._steered_mix, columns_per_chunk=columns_per_chunk))
+    torch.manual_seed(1)
+    mixer = SeparableGaussianMixer(12, num_heads=2, num_gaussians=3, learn_offset=True, steer=True).double()
+    with torch.no_grad():
+        mixer.offset.normal_(0, 0.7)
+        mixer.log_sigma.normal_(0, 0.5)
+        mixer.mix_logits.normal_()
+        mixer.steer_weight.normal_(0, 0.5)
+        mixer.steer_gate.fill_(1.0)
+    x = torch.randn(2, 1 + 15, 12, dtype=torch.float64, requires_grad=True)
+    grads = []
+    for fn in (lambda: mixer(x, (3, 5)), lambda: _steered_dense(mixer, x, (3, 5))):
+        mixer.zero_grad()
+        x.grad = None
+        out = fn()
+        (out * torch.linspace(-1, 1, out.numel(), dtype=out.dtype).reshape(out.shape)).sum().backward()
+        grads.append([out.detach(), x.grad.clone()] + [p.grad.clone() for p in mixer.parameters()])
+    for got, want in zip(*grads):
+        torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-11)
+
+
 def test_steered_mixer_cold_start_equals_fixed_and_learns():
     """At initialisation the steered mixer is the fixed one; its probe and gate receive gradients; it has no
     Lipschitz bound or fixed operator to report."""

@@ -84,11 +84,28 @@ def test_torchcompile_checkpoint_has_plain_keys_and_starts_a_next_stage(tmp_path
     (['--epochs', '0'], '--epochs must be at least 1'),
     (['--data-dir', '/nonexistent/fmnist'], '/nonexistent/fmnist does not exist'),
     (['--resume', '/nonexistent/last.pth.tar'], 'no such checkpoint'),
+    (['--smoothing', '1.0'], '--smoothing must be in [0, 1)'),
 ])
 def test_bad_options_fail_early_and_say_why(argv, message, capsys):
     with pytest.raises(SystemExit):
         parse_args(argv)
     assert message in capsys.readouterr().err
+
+
+def test_label_smoothing_reaches_the_task_loss():
+    """--smoothing is timm's LabelSmoothingCrossEntropy in the task, alone and as a student's label loss."""
+    from timm.loss import LabelSmoothingCrossEntropy
+    from timm_odevit.train.command import build_task
+    x, y = torch.randn(4, 1, 32, 32), torch.tensor([0, 1, 2, 3])
+    plain = build_task(parse_args(['--model', ARCH]), torch.device('cpu'))
+    smooth = build_task(parse_args(['--model', ARCH, '--smoothing', '0.3']), torch.device('cpu'))
+    smooth.get_trainable_module().load_state_dict(plain.get_trainable_module().state_dict())
+    assert isinstance(smooth.criterion, LabelSmoothingCrossEntropy) and smooth.criterion.smoothing == 0.3
+    assert not torch.allclose(smooth(x, y)['loss'], plain(x, y)['loss'])
+    student = build_task(parse_args(['--model', 'odevit_tiny_patch4_32', '--model-kwargs', 'depth=2', '--teacher',
+                                     'dense_vit_tiny_patch4_32', '--teacher-kwargs', 'depth=2', 'in_chans=1',
+                                     '--smoothing', '0.3']), torch.device('cpu'))
+    assert isinstance(student.criterion, LabelSmoothingCrossEntropy)
 
 
 def test_data_dir_without_a_train_split_says_so(tmp_path):

@@ -172,42 +172,81 @@ STEER_BOUNDS = (2.0, math.log(4.0), 2.0, math.log(4.0), 4.0)
 STEER_FIELDS = 5  # per head and component: x offset, x log-width, y offset, y log-width, mixture logit
 
 
-def _positional_gaussians(size: int, sigma: torch.Tensor, offset: torch.Tensor, out_dim: int) -> torch.Tensor:
-    """Row-normalised 1-D Gaussians, one per output position: ``sigma``/``offset`` [B, H, W, heads] give, for the
-    output index i of axis ``out_dim`` (1 = rows, 2 = columns), weights over the source index j of that axis,
-    G[..., j] ∝ exp(-(i - j - offset)^2 / (2 sigma^2)). Result [B, H, W, heads, size]."""
-    idx = torch.arange(size, device=sigma.device, dtype=sigma.dtype)
-    diff = idx[:, None] - idx[None, :]  # [i, j]
-    diff = diff[None, :, None, None, :] if out_dim == 1 else diff[None, None, :, None, :]
-    logits = -(diff - offset[..., None]) ** 2 / (2 * sigma[..., None] ** 2)
-    return logits.softmax(dim=-1)
+def _gaussian_rows(size: int, out_index: torch.Tensor, log_sigma: torch.Tensor, offset: torch.Tensor,
+                   scale: torch.Tensor) -> torch.Tensor:
+    """Row-normalised 1-D Gaussians over a source axis of ``size``, one row per output position, times ``scale``:
+    G[..., j] = scale * exp(-(i - j - offset)^2 / (2 sigma^2)) / sum_j(...), with ``log_sigma``, ``offset`` and
+    ``scale`` of any shape [...] and the output index i broadcast against it. Result [..., size].
+
+    Cheaper than a softmax of the logits: these are multiply-adds in d = i - j (small where the weights are
+    large, so no precision is lost), and their row maximum, which a softmax would search for, is known: the
+    integer d nearest the centre. Logits are clamped above the exponent at which the
+    weights turn subnormal, which CPUs compute 10-20x slower (in exp and in every matmul that reads them) and
+    which no sum can notice (below tiny / eps of the row's largest weight, 1)."""
+    a = 0.5 * torch.exp(-2 * log_sigma)  # 1 / (2 sigma^2)
+    # the row maximum sits at the d in [i - size + 1, i] nearest the centre: shift it to 0 (it cancels in the
+    # normalisation, so it carries no gradient either)
+    with torch.no_grad():
+        nearest = torch.minimum(torch.maximum(offset.round(), out_index - (size - 1)), out_index)
+        shift = a * ((nearest - offset) ** 2 - offset ** 2)
+    d = out_index[..., None] - torch.arange(size, device=a.device, dtype=a.dtype)
+    finfo = torch.finfo(a.dtype)
+    g = ((2 * a * offset)[..., None] * d).addcmul_(a[..., None], d * d, value=-1).add_(shift[..., None])
+    g = g.clamp_min_(math.log(finfo.tiny / finfo.eps)).exp_()
+    return g * (scale / g.sum(-1))[..., None]
+
+
+def _steered_columns(v: torch.Tensor, sx: torch.Tensor, mx: torch.Tensor, sy: torch.Tensor, my: torch.Tensor,
+                     mix: torch.Tensor, j0: int) -> torch.Tensor:
+    """One chunk of output columns j0.. of the steered mixing: head-major values ``v`` [B, heads, H, W, d]; the
+    chunk's x-stage widths and centres ``sx``, ``mx`` [B, heads, H, n, K], query widths, centres and mixture
+    weights ``sy``, ``my``, ``mix`` [B, heads, n, H, K]. Result [B, heads, n, H, d]."""
+    B, heads, H, W, d = v.shape
+    n, K = sx.shape[-2:]
+    cols = torch.arange(j0, j0 + n, device=v.device, dtype=sx.dtype)[:, None]  # output column j, against K
+    rows = torch.arange(H, device=v.device, dtype=sx.dtype)[:, None]  # output row i, against K
+    # x stage (along each row), all components in one matmul: [B, heads, i', (j, k), j'] @ [B, heads, i', j', d]
+    gx = _gaussian_rows(W, cols, sx, mx, sx.new_ones(()))
+    t = torch.matmul(gx.to(v.dtype).reshape(B, heads, H, n * K, W), v)
+    t = t.reshape(B, heads, H, n, K, d).permute(0, 1, 3, 4, 2, 5).reshape(B, heads, n, K * H, d)
+    # y stage (along each column): components and rows contracted together, (k, i')
+    gy = _gaussian_rows(H, rows, sy, my, mix)  # [B, heads, j, i, K, i']
+    return torch.matmul(gy.to(v.dtype).reshape(B, heads, n, H, K * H), t)
 
 
 def _steered_mix(
         vp: torch.Tensor, log_sigma: torch.Tensor, offset: torch.Tensor, mix_logits: torch.Tensor,
-        residuals: torch.Tensor,
+        residuals: torch.Tensor, recompute: bool = False, columns_per_chunk: Optional[int] = None,
 ) -> torch.Tensor:
-    """The steered separable mixing of values ``vp`` [B, H, W, heads, d], one component at a time.
+    """The steered separable mixing of values ``vp`` [B, H, W, heads, d].
 
-    ``residuals`` [B, H, W, heads, K, 5] (bounded, from the tokens) move each component's x offset and log-width at
-    every position (i', j) of the row-mixing stage, and its y offset, log-width and mixture logit at every query
-    (i, j):  Y[i, j] = sum_k a_k(i, j) sum_i' G^y_{k,(i,j)}[i'] sum_j' G^x_{k,(i',j)}[j'] V[i', j'].
+    ``residuals`` [B, H, W, heads, K, 5] (bounded, from the tokens) move each component's x offset and log-width
+    at every position (i', j) of the x stage (mixing along rows), and its y offset, log-width and mixture logit at
+    every query (i, j):  Y[i, j] = sum_k a_k(i, j) sum_i' G^y_{k,(i,j)}[i'] sum_j' G^x_{k,(i',j)}[j'] V[i', j'].
     Each stage is a per-position 1-D Gaussian, so the work stays O(N (H + W) K C) and no N x N matrix is formed.
+
+    It runs head-major in chunks of output columns (``_steered_columns``) whose kernels are about the size of the
+    values (``columns_per_chunk`` defaults to head_dim // K), so memory grows with the chunk, not with K; with
+    ``recompute`` each chunk is checkpointed, and backward rebuilds one chunk's kernels at a time.
     """
     B, H, W, heads, d = vp.shape
-    sx = (log_sigma[1] + residuals[..., 1]).exp()
-    mx = offset[1] + residuals[..., 0]
-    sy = (log_sigma[0] + residuals[..., 3]).exp()
-    my = offset[0] + residuals[..., 2]
-    mix = (mix_logits + residuals[..., 4]).softmax(dim=-1)
-    out = None
-    for k in range(log_sigma.shape[-1]):
-        gx = _positional_gaussians(W, sx[..., k], mx[..., k], out_dim=2).to(vp.dtype)
-        rows = torch.einsum('bywhv,byvhd->bywhd', gx, vp)
-        gy = (_positional_gaussians(H, sy[..., k], my[..., k], out_dim=1) * mix[..., k, None]).to(vp.dtype)
-        y = torch.einsum('buvhy,byvhd->buvhd', gy, rows)
-        out = y if out is None else out + y
-    return out
+    K = log_sigma.shape[-1]
+    r = residuals.permute(0, 3, 1, 2, 4, 5)  # [B, heads, H, W, K, 5]
+    log_sigma, offset = log_sigma[:, :, None, None], offset[:, :, None, None]  # [2, heads, 1, 1, K]
+    sx, mx = log_sigma[1] + r[..., 1], offset[1] + r[..., 0]
+    sy, my = log_sigma[0] + r[..., 3], offset[0] + r[..., 2]
+    mix = (mix_logits[:, None, None] + r[..., 4]).softmax(dim=-1)
+    # the y stage reads each query's parameters column-major: [B, heads, W, H, K]
+    sy, my, mix = sy.transpose(2, 3), my.transpose(2, 3), mix.transpose(2, 3)
+    v = vp.permute(0, 3, 1, 2, 4).contiguous()  # [B, heads, H, W, d], once for every chunk
+    step = columns_per_chunk or max(1, d // K)
+    out = []
+    for j0 in range(0, W, step):
+        j1 = min(W, j0 + step)
+        args = (v, sx[:, :, :, j0:j1], mx[:, :, :, j0:j1], sy[:, :, j0:j1], my[:, :, j0:j1], mix[:, :, j0:j1], j0)
+        out.append(checkpoint(_steered_columns, *args, use_reentrant=False) if recompute else
+                   _steered_columns(*args))
+    return torch.cat(out, dim=2).permute(0, 3, 2, 1, 4)  # [B, H, W, heads, d]
 
 
 class SeparableGaussianMixer(nn.Module):
@@ -256,7 +295,7 @@ class SeparableGaussianMixer(nn.Module):
         self.prefix_mixing = prefix_mixing
         self.init_sigmas = init_sigmas
         self.within_checkpoint = False
-        self.recompute_mixing = recompute_mixing  # einsum path only: the accumulate path always recomputes
+        self.recompute_mixing = recompute_mixing  # einsum and steered paths: accumulate always recomputes
         # 'accumulate': one Gaussian component at a time, never K copies of the values (the default, least memory);
         # 'einsum': all components in two einsums through a K-fold intermediate (see docs/benchmark.md)
         self.mixing = mixing
@@ -381,12 +420,9 @@ class SeparableGaussianMixer(nn.Module):
         res = self.steer_residuals(x_patch, (H, W))
         if res.dtype in (torch.float16, torch.bfloat16):
             res = res.float()  # kernels in fp32 under autocast, as the fixed path builds them from fp32 parameters
-        args = (vp, self.log_sigma, self.offset, self.mix_logits, res)
-        if torch.is_grad_enabled() and self.recompute_mixing and not self.within_checkpoint:
-            # every component keeps a value-sized intermediate for backward: recompute them instead
-            y = checkpoint(_steered_mix, *args, use_reentrant=False)
-        else:
-            y = _steered_mix(*args)
+        # every chunk keeps kernels and a K-fold intermediate for backward: recompute them instead
+        recompute = torch.is_grad_enabled() and self.recompute_mixing and not self.within_checkpoint
+        y = _steered_mix(vp, self.log_sigma, self.offset, self.mix_logits, res, recompute=recompute)
         return y.reshape(B, H * W, C)
 
     def dense_operator(self, grid_size: Tuple[int, int]) -> torch.Tensor:

@@ -24,6 +24,7 @@ import torch
 import torch.distributed as dist
 import timm
 from timm.data import create_loader, resolve_data_config
+from timm.loss import LabelSmoothingCrossEntropy
 from timm.models import load_checkpoint
 from timm.optim import create_optimizer_v2
 from timm.scheduler import create_scheduler_v2
@@ -120,6 +121,8 @@ def _parser() -> argparse.ArgumentParser:
     g.add_argument('--warmup-lr', type=float, default=1e-5)
     g.add_argument('--min-lr', type=float, default=1e-5)
     g.add_argument('--clip-grad', type=float, default=1.0)
+    g.add_argument('--smoothing', type=float, default=0.,
+                   help="label smoothing of the label loss (timm's LabelSmoothingCrossEntropy), as timm's train.py")
     g.add_argument('--model-ema', action='store_true', help="keep an EMA of the weights (timm's ModelEmaV3)")
     g.add_argument('--model-ema-decay', type=float, default=0.998)
     g.add_argument('--max-steps-per-epoch', type=int, default=None, help='cut each epoch short (smoke runs)')
@@ -142,6 +145,8 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     """The command line, checked: a bad value fails here with a message naming the option."""
     p = _parser()
     args = p.parse_args(argv)
+    if not 0. <= args.smoothing < 1.:
+        p.error(f'--smoothing must be in [0, 1), got {args.smoothing}.')
     for name in ('epochs', 'batch_size', 'train_samples', 'val_samples', 'max_steps_per_epoch'):
         value = getattr(args, name)
         if value is not None and value < 1:
@@ -187,8 +192,9 @@ def build_task(args: argparse.Namespace, device: torch.device) -> torch.nn.Modul
         # timm's loader: EMA weights where saved, DDP / torch.compile prefixes stripped
         with torch.serialization.safe_globals([argparse.Namespace]):
             load_checkpoint(model, args.initial_checkpoint, use_ema=True)
+    criterion = LabelSmoothingCrossEntropy(args.smoothing) if args.smoothing else None  # None: timm's CE
     if not args.teacher:
-        return ClassificationTask(model, device=device)
+        return ClassificationTask(model, criterion=criterion, device=device)
     t_kwargs = dict(args.teacher_kwargs)
     if args.teacher.startswith('hf-hub:'):
         teacher = timm.create_model(args.teacher, pretrained=True, checkpoint_path=args.teacher_checkpoint, **t_kwargs)
@@ -218,6 +224,7 @@ def build_task(args: argparse.Namespace, device: torch.device) -> torch.nn.Modul
         attn_loss_weight=(0.25 if has_maps else 0.) if args.attn_weight is None else args.attn_weight,
         kd_loss_weight=(1. if same_labels else 0.) if args.kd_weight is None else args.kd_weight,
         kd_temperature=args.kd_temperature,
+        criterion=criterion,
         task_loss_weight=args.ce_weight,
         task_loss_start_epoch=args.ce_start_epoch,
         distill_end_epoch=args.distill_end_epoch,
