@@ -1,6 +1,7 @@
 """Training and inference throughput, eager vs compiled, fp32 vs bf16, measured side by side in one process.
 
     OMP_NUM_THREADS=2 python benchmarks/train_throughput.py --out benchmarks/compile_cpu.md
+    python benchmarks/train_throughput.py --device cuda --modes 'eager bf16' 'compiled bf16'   # the GPU script's
 
 Training: one AdamW step (cross-entropy, batch 128, 32 px, 10 classes) of a tiny 32 px model per depth setting, in
 four modes: eager and torch.compile (inductor), each in fp32 and under bf16 autocast. Inference: one batch-1 forward
@@ -23,35 +24,43 @@ from timm_odevit.models.families import FAMILIES, model_name
 MODES = ('eager fp32', 'compiled fp32', 'eager bf16', 'compiled bf16')
 
 
-def _autocast(bf16: bool) -> contextlib.AbstractContextManager:
-    return torch.autocast('cpu', dtype=torch.bfloat16) if bf16 else contextlib.nullcontext()
+def _autocast(device: torch.device, bf16: bool) -> contextlib.AbstractContextManager:
+    return torch.autocast(device.type, dtype=torch.bfloat16) if bf16 else contextlib.nullcontext()
 
 
-def train_step_fn(name: str, mode: str, batch_size: int) -> Callable[[], None]:
+def _sync(device: torch.device) -> None:
+    if device.type == 'cuda':
+        torch.cuda.synchronize(device)  # a step is timed to its end, not to its launch
+
+
+def train_step_fn(name: str, mode: str, batch_size: int, device: torch.device) -> Callable[[], None]:
     torch.manual_seed(0)
-    model = timm.create_model(name, num_classes=10).train()
+    model = timm.create_model(name, num_classes=10).train().to(device)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     run = torch.compile(model) if mode.startswith('compiled') else model
     bf16 = mode.endswith('bf16')
-    x, y = torch.randn(batch_size, 3, 32, 32), torch.randint(0, 10, (batch_size,))
+    x = torch.randn(batch_size, 3, 32, 32, device=device)
+    y = torch.randint(0, 10, (batch_size,), device=device)
 
     def step() -> None:
-        with _autocast(bf16):
+        with _autocast(device, bf16):
             loss = F.cross_entropy(run(x), y)
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
+        _sync(device)
     return step
 
 
-def infer_fn(name: str, compiled: bool, img_size: int) -> Callable[[], None]:
-    model = timm.create_model(name, img_size=img_size).eval()
+def infer_fn(name: str, compiled: bool, img_size: int, device: torch.device) -> Callable[[], None]:
+    model = timm.create_model(name, img_size=img_size).eval().to(device)
     run = torch.compile(model) if compiled else model
-    x = torch.randn(1, 3, img_size, img_size)
+    x = torch.randn(1, 3, img_size, img_size, device=device)
 
     def step() -> None:
         with torch.inference_mode():
             run(x)
+        _sync(device)
     return step
 
 
@@ -73,37 +82,49 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
     p.add_argument('--batch-size', type=int, default=128)
     p.add_argument('--repeats', type=int, default=7)
-    p.add_argument('--infer-img-size', type=int, default=1024)
+    p.add_argument('--infer-img-size', type=int, default=1024, help='0: no inference table')
     p.add_argument('--out', default=None, help='also write the Markdown tables here')
+    p.add_argument('--device', default='cpu')
+    p.add_argument('--modes', nargs='+', default=list(MODES), choices=MODES, help='training modes to time')
+    p.add_argument('--families', nargs='+', default=None, help='SSoG families (with their dense twins); default all')
     args = p.parse_args()
-    lines = [f'torch {torch.__version__}, {torch.get_num_threads()} threads, training batch {args.batch_size}, '
+    device = torch.device(args.device)
+    modes = [m for m in MODES if m in args.modes]
+    # a ratio is printed where both of its modes ran
+    ratios = [(a, b, label) for a, b, label in (('eager bf16', 'eager fp32', 'bf16 / fp32, eager'),
+                                                ('compiled fp32', 'eager fp32', 'compiled / eager, fp32'),
+                                                ('compiled bf16', 'eager bf16', 'compiled / eager, bf16'))
+              if a in modes and b in modes]
+    threads = f'{torch.get_num_threads()} threads' if device.type == 'cpu' else str(device)
+    lines = [f'torch {torch.__version__}, {threads}, training batch {args.batch_size}, '
              f'median of {args.repeats} interleaved repeats', '',
-             '| model | ' + ' | '.join(f'{m} (img/s)' for m in MODES)
-             + ' | bf16 / fp32, eager | compiled / eager, fp32 | compiled / eager, bf16 |',
-             '|---|' + '---:|' * (len(MODES) + 3)]
-    for family in (f for f in FAMILIES.values() if f.is_ssog):
+             '| model | ' + ' | '.join([f'{m} (img/s)' for m in modes] + [label for _, _, label in ratios]) + ' |',
+             '|---|' + '---:|' * (len(modes) + len(ratios))]
+    print('\n'.join(lines), flush=True)  # each row follows as it is measured: a run cut short keeps its table
+    families = [f for f in FAMILIES.values() if f.is_ssog and (not args.families or f.name in args.families)]
+    for family in families:
         for name in (model_name(family.name, 'tiny', True), model_name(family.twin, 'tiny', True)):
             torch._dynamo.reset()
-            med = interleaved_medians({m: train_step_fn(name, m, args.batch_size) for m in MODES}, args.repeats)
-            ips = {m: args.batch_size / med[m] for m in MODES}
-            lines.append(f'| `{name}` | ' + ' | '.join(f'{ips[m]:.0f}' for m in MODES)
-                         + f' | {ips["eager bf16"] / ips["eager fp32"]:.2f}x'
-                         f' | {ips["compiled fp32"] / ips["eager fp32"]:.2f}x'
-                         f' | {ips["compiled bf16"] / ips["eager bf16"]:.2f}x |')
+            med = interleaved_medians({m: train_step_fn(name, m, args.batch_size, device) for m in modes},
+                                      args.repeats)
+            ips = {m: args.batch_size / med[m] for m in modes}
+            lines.append(f'| `{name}` | ' + ' | '.join([f'{ips[m]:.0f}' for m in modes]
+                                                       + [f'{ips[a] / ips[b]:.2f}x' for a, b, _ in ratios]) + ' |')
             print(lines[-1], flush=True)
-    lines += ['', f'Inference, batch 1, {args.infer_img_size} px, fp32:', '',
-              '| model | eager (ms) | compiled (ms) | compiled speed-up |', '|---|---:|---:|---:|']
-    for name in ('ssog_ode_tiny', 'odevit_tiny'):
-        torch._dynamo.reset()
-        med = interleaved_medians({c: infer_fn(name, c, args.infer_img_size) for c in (False, True)},
-                                  max(3, args.repeats // 2))
-        lines.append(f'| `{name}` | {med[False] * 1e3:.0f} | {med[True] * 1e3:.0f} | {med[False] / med[True]:.2f}x |')
-        print(lines[-1], flush=True)
-    text = '\n'.join(lines)
-    print(text)
+    if args.infer_img_size > 0:
+        lines += ['', f'Inference, batch 1, {args.infer_img_size} px, fp32:', '',
+                  '| model | eager (ms) | compiled (ms) | compiled speed-up |', '|---|---:|---:|---:|']
+        print('\n'.join(lines[-5:]), flush=True)
+        for name in ('ssog_ode_tiny', 'odevit_tiny'):
+            torch._dynamo.reset()
+            med = interleaved_medians({c: infer_fn(name, c, args.infer_img_size, device) for c in (False, True)},
+                                      max(3, args.repeats // 2))
+            lines.append(f'| `{name}` | {med[False] * 1e3:.0f} | {med[True] * 1e3:.0f} '
+                         f'| {med[False] / med[True]:.2f}x |')
+            print(lines[-1], flush=True)
     if args.out:
         with open(args.out, 'w') as f:
-            f.write(text + '\n')
+            f.write('\n'.join(lines) + '\n')
 
 
 if __name__ == '__main__':

@@ -259,9 +259,10 @@ def test_gpu_script_dry_run(tmp_path):
     assert all(os.path.isfile(out / f) for f in files)
     summary = (out / 'summary.md').read_text()
     assert '| ode | tiny | 32 | 1 | no |' in summary and '| looped | tiny | 32 | 1 | no |' in summary
+    assert '| `ssog_vit_tiny_patch4_32` |' in summary and '| `dense_vit_tiny_patch4_32` |' in summary  # training
     assert 'torch' in (out / 'tests.txt').read_text()
     ode = _read(out / 'benchmark_ode.csv')
-    assert {r['variant'] for r in ode} == set(VARIANTS) | {'ssog_einsum'}
+    assert {r['variant'] for r in ode} == set(VARIANTS) | {'ssog_einsum', 'ssog_steer'}
     assert {r['precision'] for r in ode} == {'amp_bfloat16'}
 
 
