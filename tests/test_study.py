@@ -133,6 +133,13 @@ def test_export_card_carries_measured_top1(study, tmp_path):
     command = next(line for line in card.splitlines() if 'python -m timm_odevit.train' in line)
     assert 'python -m timm_odevit.train --model ssog_ode_tiny_patch4_32 --model-kwargs ode_steps=23' in command
     assert '--train-samples 48' in command and '--output' not in command and '--data-dir' not in command
+    # the budget: images seen, wall time from the run's results.json, threads and precision
+    budget = next(line for line in card.splitlines() if 'images seen' in line)
+    history = json.loads((Path(best[arch]) / 'results.json').read_text())['history']
+    epochs = len(history)
+    assert f'{48 * epochs} images seen ({epochs} epochs of 48)' in budget
+    minutes = sum(h['train_seconds'] for h in history) / 60
+    assert f'{minutes:.1f} min of training steps' in budget and 'CPU thread(s), fp32' in budget
 
 
 def test_committed_recipes_are_current(tmp_path):

@@ -25,7 +25,8 @@ import torch
 from torch import nn
 
 __all__ = [
-    'DEBIAN_FASHION_MNIST', 'FASHION_MNIST_CLASSES', 'FASHION_MNIST_MEAN', 'FASHION_MNIST_STD', 'IDX_FILES',
+    'DEBIAN_FASHION_MNIST', 'FASHION_MNIST_CLASSES', 'FASHION_MNIST_MEAN', 'FASHION_MNIST_STD',
+    'FASHION_MNIST_TRAIN_IMAGES', 'IDX_FILES',
     'SAMPLE_DIR', 'GreyToChannels', 'fashion_mnist_dataset', 'fashion_mnist_transform', 'layout_fashion_mnist',
     'load_tensors', 'make_sample', 'find_source', 'split_size', 'cache_folder', 'prepare_fashion_mnist', 'augment_batch',
     'ImageSubset', 'build_dataset',
@@ -52,6 +53,7 @@ FASHION_MNIST_CLASSES = (
 # mean / std of the 60k training images scaled to [0, 1] (computed by load_tensors(..., normalize=False))
 FASHION_MNIST_MEAN = (0.2860,)
 FASHION_MNIST_STD = (0.3530,)
+FASHION_MNIST_TRAIN_IMAGES = 60000
 
 
 def _find_idx(src: Path, name: str) -> Optional[Path]:

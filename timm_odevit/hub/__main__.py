@@ -40,6 +40,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     e.add_argument('--root', default='weights')
     e.add_argument('--use-ema', action='store_true')
     e.add_argument('--no-full', action='store_true', help='skip the full Fashion-MNIST test set')
+    e.add_argument('--threads', type=int, default=None,
+                   help='CPU threads the run trained on, for its card (default: what the run recorded, else 1)')
 
     m = sub.add_parser('manifest', help='rewrite <root>/MANIFEST.json from the files as they are')
     m.add_argument('--root', default='weights')
@@ -82,7 +84,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         from .export import export_checkpoint
         cfg = dict(FMNIST_CFG, input_size=(1, a.img_size, a.img_size))
         print(json.dumps(export_checkpoint(a.checkpoint, a.tag, a.root, cfg, a.description, not a.no_full,
-                                           a.use_ema, a.arch)))
+                                           a.use_ema, a.arch, a.threads)))
     elif a.cmd == 'manifest':
         from .verify import write_manifest
         print(write_manifest(Path(a.root)))

@@ -1,11 +1,11 @@
 """Model cards: the one renderer of a weight's card (what, data, training recipe with the command that reruns it,
 measured top-1 with the command that measures it, size, usage), in the form timm's ``generate_readme`` takes."""
-from typing import Any, Dict, Optional
+from typing import Any, Dict, List, Optional
 
 from torch import nn
 
 from . import hub_id
-from ..data import AUGMENT_SHIFT
+from ..data import AUGMENT_SHIFT, FASHION_MNIST_TRAIN_IMAGES
 from ..train import format_command
 
 __all__ = ['DATASET', 'training_lines', 'evaluate_command', 'model_card']
@@ -18,13 +18,25 @@ def evaluate_command(folder: str, data: str, solver: Optional[str] = None) -> st
     return f'python -m timm_odevit.hub evaluate {folder} --data {data}' + (f' --solver {solver}' if solver else '')
 
 
-def training_lines(args: Dict[str, Any], cfg: Dict[str, Any], threads: int = 1) -> Dict[str, str]:
-    """One run of ``python -m timm_odevit.train`` (its options as a dict) as card lines: data, schedule, model
-    kwargs and the command that reruns it."""
+def training_lines(args: Dict[str, Any], cfg: Dict[str, Any], threads: Optional[int] = None,
+                   history: Optional[List[Dict[str, Any]]] = None) -> Dict[str, str]:
+    """One run of ``python -m timm_odevit.train`` (its options as a dict) as card lines: data, schedule, budget,
+    model kwargs and the command that reruns it. ``threads``: the run's CPU threads (default: what the run
+    recorded, else 1); ``history``: its per-epoch record (``results.json``), for the wall time."""
     size = cfg['input_size']
     kwargs = args.get('model_kwargs') or {}
-    return {
-        'data': f'{args.get("train_samples") or 60000} Fashion-MNIST training images (a fixed subset seeded '
+    threads = threads or args.get('threads') or 1
+    n_train = args.get('train_samples') or FASHION_MNIST_TRAIN_IMAGES
+    per_epoch = min(n_train, args['max_steps_per_epoch'] * args['batch_size']) if args.get('max_steps_per_epoch') \
+        else n_train
+    precision = 'bf16 autocast' if args.get('amp') == 'bf16' else 'fp32'
+    where = f'{threads} CPU thread(s)' if args.get('device', 'cpu') == 'cpu' else f'`{args["device"]}`'
+    budget = f'{args["epochs"] * per_epoch:,} images seen ({args["epochs"]} epochs of {per_epoch:,})'
+    if history:
+        seconds = sum(h.get('train_seconds') or per_epoch / h['images_per_second'] for h in history)
+        budget += f', {seconds / 60:.1f} min of training steps (validation aside)'
+    lines = {
+        'data': f'{n_train} Fashion-MNIST training images (a fixed subset seeded '
                 f'{args["seed"]}), resized 28 -> {size[-1]} px, {size[0]} channel(s), normalised mean '
                 f'{cfg["mean"]} / std {cfg["std"]}, '
                 + (f'random horizontal flip and shift of up to {AUGMENT_SHIFT} px' if args.get('augment')
@@ -32,12 +44,14 @@ def training_lines(args: Dict[str, Any], cfg: Dict[str, Any], threads: int = 1) 
         'schedule': f'{args["epochs"]} epochs, batch {args["batch_size"]}, {args.get("opt", "adamw")} lr {args["lr"]} '
                     f'weight decay {args["weight_decay"]}, {args["warmup_epochs"]} warm-up epoch(s) then '
                     f'{args.get("sched", "cosine")} per step to {args["min_lr"]}, grad clip {args["clip_grad"]}, '
-                    f'{"bf16 autocast" if args.get("amp") == "bf16" else "fp32"}'
-                    + (', EMA weights' if args.get('model_ema') else ''),
+                    + (f'label smoothing {args["smoothing"]}, ' if args.get('smoothing') else '')
+                    + precision + (', EMA weights' if args.get('model_ema') else ''),
+        'budget': f'{budget}, {where}, {precision}',
         'model kwargs while training': ', '.join(f'{k}={v}' for k, v in kwargs.items())
                                        or 'none (the registered defaults)',
         'command': f'`{format_command(args, threads)}`',
     }
+    return lines
 
 
 def model_card(

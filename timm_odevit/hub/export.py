@@ -61,17 +61,24 @@ def export_checkpoint(
         full_test: bool = True,
         use_ema: bool = False,
         arch: Optional[str] = None,
+        threads: Optional[int] = None,
 ) -> Dict[str, Any]:
     """Export a checkpoint of ``python -m timm_odevit.train`` (or timm's train.py) to ``root/<arch>.<tag>/``: the
     registered architecture with ``pretrained_cfg`` (default: Fashion-MNIST at 32 px), a card rendering the run's
-    command (for this package's command only), and top-1 measured here. Returns the folder and the top-1 figures."""
+    command and budget (for this package's command only; ``threads`` for a run that did not record its own), and
+    top-1 measured here. Returns the folder and the top-1 figures."""
     ckpt = read_checkpoint(checkpoint)
     args = checkpoint_args(ckpt)
     cfg = dict(pretrained_cfg or ckpt.get('pretrained_cfg') or FMNIST_CFG)
     model = model_from_checkpoint(checkpoint, arch, use_ema, cfg)
     arch = arch or args.get('model') or ckpt['arch']
     metrics = measure(model, f'{root}/{arch}.{tag}', full_test, (args.get('model_kwargs') or {}).get('ode_steps'))
-    recipe = training_lines(args, cfg) if args.get('trainer') == PROG else None
+    recipe = None
+    if args.get('trainer') == PROG:
+        # the run's per-epoch record beside its checkpoint gives the card its wall time
+        results = Path(checkpoint).parent / 'results.json'
+        history = json.loads(results.read_text()).get('history') if results.is_file() else None
+        recipe = training_lines(args, cfg, threads, history)
     repo = export(model, arch, tag, root, model_card(arch, tag, model, metrics, recipe, description))
     return {'repo': str(repo), **{k: v['top1'] for k, v in metrics.items()}}
 

@@ -160,6 +160,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     # recorded in every checkpoint (CheckpointSaver keeps args): a card renders this command only for its own runs,
     # never for a checkpoint of timm's train.py, whose options mean other things
     args.trainer = PROG
+    args.threads = torch.get_num_threads()  # for the card's budget line
     return args
 
 
@@ -419,7 +420,7 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
         if primary:
             _logger.info(f"epoch {epoch} val top1 {eval_metrics['top1']:.2f} loss {eval_metrics['loss']:.4f} "
                          f'({train_seconds:.0f} s training, {seen / train_seconds:.1f} img/s)')
-            history.append({'epoch': epoch, 'train_loss': meters['loss'].avg,
+            history.append({'epoch': epoch, 'train_loss': meters['loss'].avg, 'train_seconds': train_seconds,
                             'images_per_second': seen / train_seconds, **eval_metrics})
             saver.save_checkpoint(epoch, metric=eval_metrics['top1'])
             update_summary(epoch, {k: m.avg for k, m in meters.items()},
