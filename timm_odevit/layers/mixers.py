@@ -172,28 +172,71 @@ STEER_BOUNDS = (2.0, math.log(4.0), 2.0, math.log(4.0), 4.0)
 STEER_FIELDS = 5  # per head and component: x offset, x log-width, y offset, y log-width, mixture logit
 
 
-def _gaussian_rows(size: int, out_index: torch.Tensor, log_sigma: torch.Tensor, offset: torch.Tensor,
-                   scale: torch.Tensor) -> torch.Tensor:
-    """Row-normalised 1-D Gaussians over a source axis of ``size``, one row per output position, times ``scale``:
-    G[..., j] = scale * exp(-(i - j - offset)^2 / (2 sigma^2)) / sum_j(...), with ``log_sigma``, ``offset`` and
-    ``scale`` of any shape [...] and the output index i broadcast against it. Result [..., size].
+def _normalised_gaussians(size: int, out_index: torch.Tensor, log_sigma: torch.Tensor,
+                          offset: torch.Tensor) -> torch.Tensor:
+    """Row-normalised 1-D Gaussians over a source axis of ``size``, one row per output position:
+    P[..., j] = exp(-(i - j - offset)^2 / (2 sigma^2)) / sum_j(...), with ``log_sigma`` and ``offset`` of any shape
+    [...] and the output index i broadcast against it. Result [..., size].
 
     Cheaper than a softmax of the logits: these are multiply-adds in d = i - j (small where the weights are
     large, so no precision is lost), and their row maximum, which a softmax would search for, is known: the
-    integer d nearest the centre. Logits are clamped above the exponent at which the
-    weights turn subnormal, which CPUs compute 10-20x slower (in exp and in every matmul that reads them) and
-    which no sum can notice (below tiny / eps of the row's largest weight, 1)."""
+    integer d nearest the centre. Logits are clamped above the exponent at which the weights turn subnormal,
+    which CPUs compute 10-20x slower (in exp and in every matmul that reads them) and which no sum can notice
+    (below tiny / eps of the row's largest weight, 1)."""
     a = 0.5 * torch.exp(-2 * log_sigma)  # 1 / (2 sigma^2)
     # the row maximum sits at the d in [i - size + 1, i] nearest the centre: shift it to 0 (it cancels in the
-    # normalisation, so it carries no gradient either)
-    with torch.no_grad():
-        nearest = torch.minimum(torch.maximum(offset.round(), out_index - (size - 1)), out_index)
-        shift = a * ((nearest - offset) ** 2 - offset ** 2)
+    # normalisation)
+    nearest = torch.minimum(torch.maximum(offset.round(), out_index - (size - 1)), out_index)
+    shift = a * ((nearest - offset) ** 2 - offset ** 2)
     d = out_index[..., None] - torch.arange(size, device=a.device, dtype=a.dtype)
     finfo = torch.finfo(a.dtype)
     g = ((2 * a * offset)[..., None] * d).addcmul_(a[..., None], d * d, value=-1).add_(shift[..., None])
     g = g.clamp_min_(math.log(finfo.tiny / finfo.eps)).exp_()
-    return g * (scale / g.sum(-1))[..., None]
+    return g.div_(g.sum(-1, keepdim=True))
+
+
+class _GaussianRowsFn(torch.autograd.Function):
+    """``_normalised_gaussians`` times a per-row ``scale`` (the mixture weight, or None), with an analytic backward
+    that reads each big tensor about twice.
+
+    For P = softmax_j(l_j), l_j = -a (d_j - m)^2, d_j = i - j, a = 1 / (2 sigma^2) and output G = c P, the logits'
+    gradient is q_j = c P_j (g_j - A_0) with A_f = sum_j P_j g_j f_j, and sum_j q_j = 0. So every gradient needs
+    only the moments (P * g) @ [1, j, j^2] and P @ [j, j^2]: dL/dc = A_0, dL/dm = -2a sum_j q_j j,
+    dL/da = 2 (i - m) sum_j q_j j - sum_j q_j j^2, dL/dlog_sigma = -2a dL/da. Autograd through the forward's
+    elementwise chain would read and write them a dozen times.
+    """
+
+    @staticmethod
+    def forward(ctx, log_sigma: torch.Tensor, offset: torch.Tensor, out_index: torch.Tensor, size: int,
+                scale: Optional[torch.Tensor] = None) -> torch.Tensor:
+        p = _normalised_gaussians(size, out_index, log_sigma, offset)
+        if scale is None:
+            ctx.save_for_backward(p, log_sigma, offset, out_index, scale)
+            return p
+        if not any(ctx.needs_input_grad):  # inference: scale in place, nothing kept
+            return p.mul_(scale[..., None])
+        ctx.save_for_backward(p, log_sigma, offset, out_index, scale)
+        return p * scale[..., None]
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        p, log_sigma, offset, out_index, scale = ctx.saved_tensors
+        size = p.shape[-1]
+        j = torch.arange(size, device=p.device, dtype=p.dtype)
+        basis = torch.stack([torch.ones_like(j), j, j * j], dim=1)  # [size, 3]
+        # plain 2-D mm on flat views: torch.matmul copies a many-dimensional operand first
+        pg = torch.mm((p * grad.to(p.dtype)).reshape(-1, size), basis).reshape(*p.shape[:-1], 3)
+        pj = torch.mm(p.reshape(-1, size), basis[:, 1:]).reshape(*p.shape[:-1], 2)
+        a0 = pg[..., 0]
+        qj, qj2 = pg[..., 1] - a0 * pj[..., 0], pg[..., 2] - a0 * pj[..., 1]
+        if scale is not None:
+            qj, qj2 = scale * qj, scale * qj2
+        a = 0.5 * torch.exp(-2 * log_sigma)
+        grad_a = 2 * (out_index - offset) * qj - qj2
+        grad_ls = (-2 * a * grad_a).sum_to_size(log_sigma.shape) if ctx.needs_input_grad[0] else None
+        grad_m = (-2 * a * qj).sum_to_size(offset.shape) if ctx.needs_input_grad[1] else None
+        grad_scale = a0.sum_to_size(scale.shape) if scale is not None and ctx.needs_input_grad[4] else None
+        return grad_ls, grad_m, None, None, grad_scale
 
 
 def _steered_columns(v: torch.Tensor, sx: torch.Tensor, mx: torch.Tensor, sy: torch.Tensor, my: torch.Tensor,
@@ -206,12 +249,13 @@ def _steered_columns(v: torch.Tensor, sx: torch.Tensor, mx: torch.Tensor, sy: to
     cols = torch.arange(j0, j0 + n, device=v.device, dtype=sx.dtype)[:, None]  # output column j, against K
     rows = torch.arange(H, device=v.device, dtype=sx.dtype)[:, None]  # output row i, against K
     # x stage (along each row), all components in one matmul: [B, heads, i', (j, k), j'] @ [B, heads, i', j', d]
-    gx = _gaussian_rows(W, cols, sx, mx, sx.new_ones(()))
-    t = torch.matmul(gx.to(v.dtype).reshape(B, heads, H, n * K, W), v)
-    t = t.reshape(B, heads, H, n, K, d).permute(0, 1, 3, 4, 2, 5).reshape(B, heads, n, K * H, d)
+    # (bmm on 3-D views: torch.matmul would copy the 5-D kernels first)
+    gx = _GaussianRowsFn.apply(sx, mx, cols, W)
+    t = torch.bmm(gx.to(v.dtype).reshape(B * heads * H, n * K, W), v.reshape(B * heads * H, W, d))
+    t = t.reshape(B, heads, H, n, K, d).permute(0, 1, 3, 4, 2, 5).reshape(B * heads * n, K * H, d)
     # y stage (along each column): components and rows contracted together, (k, i')
-    gy = _gaussian_rows(H, rows, sy, my, mix)  # [B, heads, j, i, K, i']
-    return torch.matmul(gy.to(v.dtype).reshape(B, heads, n, H, K * H), t)
+    gy = _GaussianRowsFn.apply(sy, my, rows, H, mix)  # [B, heads, j, i, K, i']
+    return torch.bmm(gy.to(v.dtype).reshape(B * heads * n, H, K * H), t).reshape(B, heads, n, H, d)
 
 
 def _steered_mix(
@@ -243,7 +287,10 @@ def _steered_mix(
     out = []
     for j0 in range(0, W, step):
         j1 = min(W, j0 + step)
-        args = (v, sx[:, :, :, j0:j1], mx[:, :, :, j0:j1], sy[:, :, j0:j1], my[:, :, j0:j1], mix[:, :, j0:j1], j0)
+        # contiguous parameters: elementwise results take their layout, and the kernels must be plain for bmm
+        params = [q.contiguous() for q in (sx[:, :, :, j0:j1], mx[:, :, :, j0:j1], sy[:, :, j0:j1], my[:, :, j0:j1],
+                                           mix[:, :, j0:j1])]
+        args = (v, *params, j0)
         out.append(checkpoint(_steered_columns, *args, use_reentrant=False) if recompute else
                    _steered_columns(*args))
     return torch.cat(out, dim=2).permute(0, 3, 2, 1, 4)  # [B, H, W, heads, d]
