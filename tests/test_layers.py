@@ -217,6 +217,20 @@ def test_ssog_accumulate_compiles_fullgraph():
     torch.testing.assert_close(m.log_sigma.grad, ref.log_sigma.grad)
 
 
+def _steered_mixer_far_from_init(seed, num_gaussians, offset_std, log_sigma_std):
+    """A float64 steered mixer (width 12, 2 heads) with learned offsets and its probe and gates far from zero."""
+    torch.manual_seed(seed)
+    mixer = SeparableGaussianMixer(12, num_heads=2, num_gaussians=num_gaussians, learn_offset=True,
+                                   steer=True).double()
+    with torch.no_grad():
+        mixer.offset.normal_(0, offset_std)
+        mixer.log_sigma.normal_(0, log_sigma_std)
+        mixer.mix_logits.normal_()
+        mixer.steer_weight.normal_(0, 0.5)
+        mixer.steer_gate.fill_(1.0)
+    return mixer
+
+
 def _steered_reference(mixer, x, grid_size):
     """The steered mixer built entry by entry from its definition (docstring of ``_steered_mix``): for query
     q = (i, j) and source (i', j'), M[q, (i', j')] = sum_k a_k(q) G^y_{k,q}[i'] G^x_{k,(i',j)}[j'], each G a
@@ -257,14 +271,7 @@ def _steered_reference(mixer, x, grid_size):
 def test_steered_mixer_matches_entrywise_reference():
     """Steered SSoG on a non-square grid with CLS tokens, learned offsets and a probe far from zero, against the
     operator built entry by entry from its definition (the N x N matrix the mixer itself never forms)."""
-    torch.manual_seed(0)
-    mixer = SeparableGaussianMixer(12, num_heads=2, num_gaussians=2, learn_offset=True, steer=True).double()
-    with torch.no_grad():
-        mixer.offset.normal_(0, 0.5)
-        mixer.log_sigma.normal_(0, 0.3)
-        mixer.mix_logits.normal_()
-        mixer.steer_weight.normal_(0, 0.5)
-        mixer.steer_gate.fill_(1.0)
+    mixer = _steered_mixer_far_from_init(seed=0, num_gaussians=2, offset_std=0.5, log_sigma_std=0.3)
     x = torch.randn(2, 2 + 12, 12, dtype=torch.float64)
     ref = _steered_reference(mixer, x, (3, 4))
     with torch.no_grad():
@@ -307,14 +314,7 @@ def test_steered_mixer_gradients_match_dense_operator(monkeypatch, columns_per_c
     import timm_odevit.layers.mixers as mixers
     monkeypatch.setattr(mixers, '_steered_mix',
                         functools.partial(mixers._steered_mix, columns_per_chunk=columns_per_chunk))
-    torch.manual_seed(1)
-    mixer = SeparableGaussianMixer(12, num_heads=2, num_gaussians=3, learn_offset=True, steer=True).double()
-    with torch.no_grad():
-        mixer.offset.normal_(0, 0.7)
-        mixer.log_sigma.normal_(0, 0.5)
-        mixer.mix_logits.normal_()
-        mixer.steer_weight.normal_(0, 0.5)
-        mixer.steer_gate.fill_(1.0)
+    mixer = _steered_mixer_far_from_init(seed=1, num_gaussians=3, offset_std=0.7, log_sigma_std=0.5)
     x = torch.randn(2, 1 + 15, 12, dtype=torch.float64, requires_grad=True)
     grads = []
     for fn in (lambda: mixer(x, (3, 5)), lambda: _steered_dense(mixer, x, (3, 5))):
