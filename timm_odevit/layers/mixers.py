@@ -210,13 +210,10 @@ class _GaussianRowsFn(torch.autograd.Function):
     def forward(ctx, log_sigma: torch.Tensor, offset: torch.Tensor, out_index: torch.Tensor, size: int,
                 scale: Optional[torch.Tensor] = None) -> torch.Tensor:
         p = _normalised_gaussians(size, out_index, log_sigma, offset)
-        if scale is None:
-            ctx.save_for_backward(p, log_sigma, offset, out_index, scale)
-            return p
-        if not any(ctx.needs_input_grad):  # inference: scale in place, nothing kept
-            return p.mul_(scale[..., None])
+        if not any(ctx.needs_input_grad):  # inference: scaled in place, nothing kept
+            return p if scale is None else p.mul_(scale[..., None])
         ctx.save_for_backward(p, log_sigma, offset, out_index, scale)
-        return p * scale[..., None]
+        return p if scale is None else p * scale[..., None]
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
