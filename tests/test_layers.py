@@ -218,9 +218,10 @@ def test_ssog_accumulate_compiles_fullgraph():
 
 
 def _steered_mixer_far_from_init(seed, num_gaussians, offset_std, log_sigma_std):
-    """A float64 steered mixer (width 12, 2 heads) with learned offsets and its probe and gates far from zero."""
+    """A float64 steered mixer (width 12, 2 heads, biased projections) with learned offsets and its probe and gates
+    far from zero."""
     torch.manual_seed(seed)
-    mixer = SeparableGaussianMixer(12, num_heads=2, num_gaussians=num_gaussians, learn_offset=True,
+    mixer = SeparableGaussianMixer(12, num_heads=2, num_gaussians=num_gaussians, learn_offset=True, bias=True,
                                    steer=True).double()
     with torch.no_grad():
         mixer.offset.normal_(0, offset_std)
@@ -306,15 +307,18 @@ def _steered_dense(mixer, x, grid_size):
     return mixer.proj(torch.cat([v[:, p:].mean(1, keepdim=True).expand(B, p, C), mixed], 1))
 
 
-@pytest.mark.parametrize('columns_per_chunk', [None, 1, 2])
-def test_steered_mixer_gradients_match_dense_operator(monkeypatch, columns_per_chunk):
+@pytest.mark.parametrize('columns_per_chunk,recompute', [(None, True), (1, True), (2, True), (None, False)])
+def test_steered_mixer_gradients_match_dense_operator(monkeypatch, columns_per_chunk, recompute):
     """Gradients of the chunked steered mixing (inputs, kernel parameters, probe, gate) equal those of the dense
-    operator built with plain softmaxes, whatever the chunking of the output columns."""
-    import functools
+    operator built with plain softmaxes, whatever the chunking of the output columns, with each head checkpointed
+    (training) or all heads at once (inside a block's checkpoint)."""
     import timm_odevit.layers.mixers as mixers
-    monkeypatch.setattr(mixers, '_steered_mix',
-                        functools.partial(mixers._steered_mix, columns_per_chunk=columns_per_chunk))
+    if columns_per_chunk:  # None: the mixer's own chunking
+        steered_mix = mixers._steered_mix
+        monkeypatch.setattr(mixers, '_steered_mix', lambda *args, **kwargs: steered_mix(
+            *args, **dict(kwargs, columns_per_chunk=columns_per_chunk)))
     mixer = _steered_mixer_far_from_init(seed=1, num_gaussians=3, offset_std=0.7, log_sigma_std=0.5)
+    mixer.recompute_mixing = recompute
     x = torch.randn(2, 1 + 15, 12, dtype=torch.float64, requires_grad=True)
     grads = []
     for fn in (lambda: mixer(x, (3, 5)), lambda: _steered_dense(mixer, x, (3, 5))):

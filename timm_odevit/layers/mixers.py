@@ -4,7 +4,7 @@ Every mixer takes tokens laid out as [prefix tokens (CLS, registers), patch toke
 and is called as ``mixer(x, grid_size)``; only the Gaussian mixer needs the grid, the others ignore it.
 """
 import math
-from typing import Dict, Final, Optional, Tuple, Union
+from typing import Callable, Dict, Final, Optional, Tuple, Union
 
 import torch
 import torch.nn.functional as F
@@ -257,7 +257,7 @@ def _steered_columns(v: torch.Tensor, sx: torch.Tensor, mx: torch.Tensor, sy: to
 
 def _steered_mix(
         vp: torch.Tensor, log_sigma: torch.Tensor, offset: torch.Tensor, mix_logits: torch.Tensor,
-        residuals: torch.Tensor, recompute: bool = False, columns_per_chunk: Optional[int] = None,
+        residuals: torch.Tensor, columns_per_chunk: Optional[int] = None,
 ) -> torch.Tensor:
     """The steered separable mixing of values ``vp`` [B, H, W, heads, d].
 
@@ -266,9 +266,8 @@ def _steered_mix(
     every query (i, j):  Y[i, j] = sum_k a_k(i, j) sum_i' G^y_{k,(i,j)}[i'] sum_j' G^x_{k,(i',j)}[j'] V[i', j'].
     Each stage is a per-position 1-D Gaussian, so the work stays O(N (H + W) K C) and no N x N matrix is formed.
 
-    It runs head-major in chunks of output columns (``_steered_columns``) whose kernels are about the size of the
-    values (``columns_per_chunk`` defaults to head_dim // K), so memory grows with the chunk, not with K; with
-    ``recompute`` each chunk is checkpointed, and backward rebuilds one chunk's kernels at a time.
+    It runs head-major in chunks of output columns (``_steered_columns``), so what one chunk creates is freed
+    before the next; ``columns_per_chunk`` (default head_dim // K) sizes a chunk's kernels, here about the values'.
     """
     B, H, W, heads, d = vp.shape
     K = log_sigma.shape[-1]
@@ -287,10 +286,41 @@ def _steered_mix(
         # contiguous parameters: elementwise results take their layout, and the kernels must be plain for bmm
         params = [q.contiguous() for q in (sx[:, :, :, j0:j1], mx[:, :, :, j0:j1], sy[:, :, j0:j1], my[:, :, j0:j1],
                                            mix[:, :, j0:j1])]
-        args = (v, *params, j0)
-        out.append(checkpoint(_steered_columns, *args, use_reentrant=False) if recompute else
-                   _steered_columns(*args))
+        out.append(_steered_columns(v, *params, j0))
     return torch.cat(out, dim=2).permute(0, 3, 2, 1, 4)  # [B, H, W, heads, d]
+
+
+def _steer_residuals(x: torch.Tensor, steer_weight: torch.Tensor, steer_gate: torch.Tensor,
+                     grid_size: Tuple[int, int], heads: int, num_gaussians: int) -> torch.Tensor:
+    """Bounded residuals [B, H, W, heads, K, 5] of the patch tokens, the last H * W of ``x`` [B, N, C]:
+    bound * tanh(softplus(gate) * probe(x)) for x offset, x log-width, y offset, y log-width, mixture logit."""
+    B = x.shape[0]
+    H, W = grid_size
+    # tokens sliced after the probe, not before: a sliced input would be copied by every matmul that reads it
+    r = F.linear(x, steer_weight)[:, -H * W:].reshape(B, H, W, heads, num_gaussians, STEER_FIELDS)
+    bounds = torch.tensor(STEER_BOUNDS, device=r.device, dtype=r.dtype)
+    return bounds * torch.tanh(F.softplus(steer_gate).to(r.dtype) * r)
+
+
+def _steered_heads(
+        x: torch.Tensor, v_weight: torch.Tensor, v_bias: Optional[torch.Tensor], steer_weight: torch.Tensor,
+        steer_gate: torch.Tensor, log_sigma: torch.Tensor, offset: torch.Tensor, mix_logits: torch.Tensor,
+        grid_size: Tuple[int, int], columns_per_chunk: Optional[int] = None,
+) -> torch.Tensor:
+    """Heads of the steered mixer, from the tokens ``x`` [B, N, C] (prefix tokens, then the H * W patch tokens)
+    to the patches' mixed values [B, H, W, heads, d], given those heads' rows of the value projection and probe
+    and their kernel parameters (``log_sigma`` [2, heads, K] and the rest, as the mixer's).
+
+    Values and residuals are made here, not passed in, so that a checkpoint of this function keeps nothing but the
+    tokens (which the block keeps anyway) and recomputes its heads in backward."""
+    B = x.shape[0]
+    H, W = grid_size
+    heads, K = log_sigma.shape[1:]
+    v = F.linear(x, v_weight, v_bias)[:, -H * W:].reshape(B, H, W, heads, -1)
+    res = _steer_residuals(x, steer_weight, steer_gate, grid_size, heads, K)
+    if res.dtype in (torch.float16, torch.bfloat16):
+        res = res.float()  # kernels in fp32 under autocast, as the fixed path builds them from fp32 parameters
+    return _steered_mix(v, log_sigma, offset, mix_logits, res, columns_per_chunk=columns_per_chunk)
 
 
 class SeparableGaussianMixer(nn.Module):
@@ -415,9 +445,11 @@ class SeparableGaussianMixer(nn.Module):
         num_prefix = N - H * W
         if num_prefix < 0:
             raise ValueError(f'{N} tokens cannot hold a {H}x{W} patch grid.')
-        v = self.v(x)
         if self.steer:
-            return self._with_prefix(self._steered(x[:, num_prefix:], v, num_prefix, H, W), v, num_prefix)
+            # the mean of the patch values without the values (each head makes its own): the projection is affine
+            return self._with_prefix(self._steered(x, H, W), num_prefix, lambda: F.linear(
+                x[:, num_prefix:].mean(dim=1, keepdim=True), self.v.weight, self.v.bias))
+        v = self.v(x)
         gy, gx = self.field_constants(grid_size)['kernels'] if kernels is None else kernels
         vp = v[:, num_prefix:].reshape(B, H, W, self.num_heads, self.head_dim)
         gx, gy = gx.to(v.dtype), gy.to(v.dtype)
@@ -436,38 +468,46 @@ class SeparableGaussianMixer(nn.Module):
         else:
             y = _separable_mix(vp, gx, gy)
         y = y.reshape(B, H * W, C)
-        return self._with_prefix(y, v, num_prefix)
+        return self._with_prefix(y, num_prefix, lambda: v[:, num_prefix:].mean(dim=1, keepdim=True))
 
-    def _with_prefix(self, y: torch.Tensor, v: torch.Tensor, num_prefix: int) -> torch.Tensor:
-        """Prepend what the prefix tokens receive (the mean of the patch values, or nothing), then project."""
+    def _with_prefix(self, y: torch.Tensor, num_prefix: int, patch_mean: Callable[[], torch.Tensor]) -> torch.Tensor:
+        """Prepend what the prefix tokens receive (``patch_mean()``, the mean of the patch values [B, 1, C], or
+        nothing), then project."""
         B, _, C = y.shape
         if num_prefix:
             if self.prefix_mixing == 'mean':
-                prefix = v[:, num_prefix:].mean(dim=1, keepdim=True).expand(B, num_prefix, C)
+                prefix = patch_mean().to(y.dtype).expand(B, num_prefix, C)
             else:
-                prefix = v.new_zeros(B, num_prefix, C)
+                prefix = y.new_zeros(B, num_prefix, C)
             y = torch.cat([prefix, y], dim=1)
         return self.proj_drop(self.proj(y))
 
-    def steer_residuals(self, x_patch: torch.Tensor, grid_size: Tuple[int, int]) -> torch.Tensor:
-        """Bounded per-position residuals [B, H, W, heads, K, 5] read from the patch tokens (zero when not steered):
+    def steer_residuals(self, x: torch.Tensor, grid_size: Tuple[int, int]) -> torch.Tensor:
+        """Bounded per-position residuals [B, H, W, heads, K, 5] read from the patch tokens, the last H * W of ``x``
+        (zero when not steered):
         bound * tanh(softplus(gate) * probe(x)) for x offset, x log-width, y offset, y log-width, mixture logit."""
-        B = x_patch.shape[0]
-        H, W = grid_size
-        r = F.linear(x_patch, self.steer_weight).reshape(B, H, W, self.num_heads, self.num_gaussians, STEER_FIELDS)
-        bounds = torch.tensor(STEER_BOUNDS, device=r.device, dtype=r.dtype)
-        return bounds * torch.tanh(F.softplus(self.steer_gate).to(r.dtype) * r)
+        return _steer_residuals(x, self.steer_weight, self.steer_gate, grid_size, self.num_heads, self.num_gaussians)
 
-    def _steered(self, x_patch: torch.Tensor, v: torch.Tensor, num_prefix: int, H: int, W: int) -> torch.Tensor:
-        B, _, C = v.shape
-        vp = v[:, num_prefix:].reshape(B, H, W, self.num_heads, self.head_dim)
-        res = self.steer_residuals(x_patch, (H, W))
-        if res.dtype in (torch.float16, torch.bfloat16):
-            res = res.float()  # kernels in fp32 under autocast, as the fixed path builds them from fp32 parameters
-        # every chunk keeps kernels and a K-fold intermediate for backward: recompute them instead
-        recompute = torch.is_grad_enabled() and self.recompute_mixing and not self.within_checkpoint
-        y = _steered_mix(vp, self.log_sigma, self.offset, self.mix_logits, res, recompute=recompute)
-        return y.reshape(B, H * W, C)
+    def _steered(self, x: torch.Tensor, H: int, W: int) -> torch.Tensor:
+        """Steered mixing. Without a backward to prepare, all heads at once; in training one head at a time, each
+        checkpointed from the tokens, so the values, residuals and kernels of a head exist only while that head
+        runs (forward or backward); the training peak is the fixed mixer's (docs/benchmark.md)."""
+        B, _, C = x.shape
+        if not (torch.is_grad_enabled() and self.recompute_mixing and not self.within_checkpoint):
+            y = _steered_heads(x, self.v.weight, self.v.bias, self.steer_weight, self.steer_gate,
+                               self.log_sigma, self.offset, self.mix_logits, (H, W))
+            return y.reshape(B, H * W, C)
+        d, kf = self.head_dim, self.num_gaussians * STEER_FIELDS
+        bias = self.v.bias
+        heads = []
+        for h in range(self.num_heads):
+            # all W columns in one chunk: the head's backward keeps all its kernels anyway, so chunks would only add
+            # matmuls (4% of a training step at 1024 px)
+            args = (x, self.v.weight[h * d:(h + 1) * d], None if bias is None else bias[h * d:(h + 1) * d],
+                    self.steer_weight[h * kf:(h + 1) * kf], self.steer_gate, self.log_sigma[:, h:h + 1],
+                    self.offset[:, h:h + 1], self.mix_logits[h:h + 1], (H, W), W)
+            heads.append(checkpoint(_steered_heads, *args, use_reentrant=False))
+        return torch.cat(heads, dim=3).reshape(B, H * W, C)
 
     def dense_operator(self, grid_size: Tuple[int, int]) -> torch.Tensor:
         """The [heads, H*W, H*W] token-mixing matrix this mixer applies to the patch values (for small grids)."""
