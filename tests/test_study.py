@@ -144,7 +144,7 @@ def test_export_card_carries_measured_top1(study, tmp_path):
 
 def test_committed_recipes_are_current(tmp_path):
     written = write_recipes(tmp_path)
-    assert len(written) == 2 * len(FAMILIES) == 12
+    assert len(written) == 2 * len(FAMILIES) == 14
     for path in written:
         committed = REPO / 'examples' / path.name
         assert committed.is_file(), f'{committed} missing: run python -m timm_odevit.study recipes'

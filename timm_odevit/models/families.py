@@ -14,6 +14,7 @@ class Family:
     mixer: str  # 'ssog' or 'attention'
     depth: str  # 'discrete', 'looped' or 'ode'
     twin: Optional[str] = None  # the dense-attention twin of an SSoG family
+    steer: bool = False  # content-steered Gaussians (``ssog_steer=True``): a variant of the SSoG family of its depth
 
     @property
     def is_ssog(self) -> bool:
@@ -22,14 +23,18 @@ class Family:
 
 FAMILIES: Dict[str, Family] = {f.name: f for f in (
     Family('ssog_vit', 'ssog', 'discrete', twin='dense_vit'),
+    # steered in the discrete setting only: the ODE families keep fixed kernels, whose Lipschitz bound makes their
+    # ODE well-posed (any SSoG model still takes ssog_steer=True)
+    Family('ssog_vit_steer', 'ssog', 'discrete', twin='dense_vit', steer=True),
     Family('looped_ssog', 'ssog', 'looped', twin='looped_vit'),
     Family('ssog_ode', 'ssog', 'ode', twin='odevit'),
     Family('dense_vit', 'attention', 'discrete'),
     Family('looped_vit', 'attention', 'looped'),
     Family('odevit', 'attention', 'ode'),
 )}
-# depth setting -> (SSoG family, its dense twin)
-SETTINGS: Dict[str, Tuple[str, str]] = {f.depth: (f.name, f.twin) for f in FAMILIES.values() if f.is_ssog}
+# depth setting -> (SSoG family, its dense twin): the paper's fixed-kernel families
+SETTINGS: Dict[str, Tuple[str, str]] = {f.depth: (f.name, f.twin) for f in FAMILIES.values()
+                                        if f.is_ssog and not f.steer}
 SIZES: Tuple[str, ...] = ('tiny', 'small', 'base')
 
 

@@ -1,6 +1,6 @@
-"""SSoG families (separable sum-of-Gaussians token mixer) in discrete, looped and continuous depth, and the dense
-attention twins of the discrete and looped models. Each SSoG model and its twin differ only in the token mixer; the
-continuous model's dense twin is ``odevit_*`` (see odevit.py).
+"""SSoG families (separable sum-of-Gaussians token mixer) in discrete, looped and continuous depth, the steered
+discrete variant, and the dense attention twins of the discrete and looped models. Each SSoG model and its twin
+differ only in the token mixer; the continuous model's dense twin is ``odevit_*`` (see odevit.py).
 """
 from typing import Any
 
@@ -20,6 +20,12 @@ default_cfgs = keep_untagged_default(generate_default_cfgs({
     'ssog_vit_small_patch4_32': depth_vit_cfg(**SMALL_IMAGE_CFG),
     'ssog_vit_base': depth_vit_cfg(),
     'ssog_vit_base_patch4_32': depth_vit_cfg(**SMALL_IMAGE_CFG),
+    'ssog_vit_steer_tiny': depth_vit_cfg(),
+    'ssog_vit_steer_tiny_patch4_32': depth_vit_cfg(**SMALL_IMAGE_CFG),
+    'ssog_vit_steer_small': depth_vit_cfg(),
+    'ssog_vit_steer_small_patch4_32': depth_vit_cfg(**SMALL_IMAGE_CFG),
+    'ssog_vit_steer_base': depth_vit_cfg(),
+    'ssog_vit_steer_base_patch4_32': depth_vit_cfg(**SMALL_IMAGE_CFG),
     'looped_ssog_tiny': depth_vit_cfg(),
     'looped_ssog_tiny_patch4_32': depth_vit_cfg(**SMALL_IMAGE_CFG),
     'looped_ssog_tiny_patch4_32.fmnist':
@@ -90,6 +96,42 @@ def ssog_vit_base_patch4_32(pretrained: bool = False, **kwargs: Any) -> DepthVis
     """SSoG-ViT Base at 32 px, patch 4: separable Gaussian mixer, 12 distinct blocks."""
     model_args = dict(mixer='ssog', depth_mode='discrete', **WIDTHS['base'], **SMALL_IMAGE_ARGS)
     return create_depth_vit('ssog_vit_base_patch4_32', pretrained=pretrained, **dict(model_args, **kwargs))
+
+@register_model
+def ssog_vit_steer_tiny(pretrained: bool = False, **kwargs: Any) -> DepthVisionTransformer:
+    """Steered SSoG-ViT Tiny at 224 px, patch 16: each token steers its separable Gaussians, 12 distinct blocks."""
+    model_args = dict(mixer='ssog', depth_mode='discrete', ssog_steer=True, **WIDTHS['tiny'])
+    return create_depth_vit('ssog_vit_steer_tiny', pretrained=pretrained, **dict(model_args, **kwargs))
+
+@register_model
+def ssog_vit_steer_tiny_patch4_32(pretrained: bool = False, **kwargs: Any) -> DepthVisionTransformer:
+    """Steered SSoG-ViT Tiny at 32 px, patch 4: each token steers its separable Gaussians, 12 distinct blocks."""
+    model_args = dict(mixer='ssog', depth_mode='discrete', ssog_steer=True, **WIDTHS['tiny'], **SMALL_IMAGE_ARGS)
+    return create_depth_vit('ssog_vit_steer_tiny_patch4_32', pretrained=pretrained, **dict(model_args, **kwargs))
+
+@register_model
+def ssog_vit_steer_small(pretrained: bool = False, **kwargs: Any) -> DepthVisionTransformer:
+    """Steered SSoG-ViT Small at 224 px, patch 16: each token steers its separable Gaussians, 12 distinct blocks."""
+    model_args = dict(mixer='ssog', depth_mode='discrete', ssog_steer=True, **WIDTHS['small'])
+    return create_depth_vit('ssog_vit_steer_small', pretrained=pretrained, **dict(model_args, **kwargs))
+
+@register_model
+def ssog_vit_steer_small_patch4_32(pretrained: bool = False, **kwargs: Any) -> DepthVisionTransformer:
+    """Steered SSoG-ViT Small at 32 px, patch 4: each token steers its separable Gaussians, 12 distinct blocks."""
+    model_args = dict(mixer='ssog', depth_mode='discrete', ssog_steer=True, **WIDTHS['small'], **SMALL_IMAGE_ARGS)
+    return create_depth_vit('ssog_vit_steer_small_patch4_32', pretrained=pretrained, **dict(model_args, **kwargs))
+
+@register_model
+def ssog_vit_steer_base(pretrained: bool = False, **kwargs: Any) -> DepthVisionTransformer:
+    """Steered SSoG-ViT Base at 224 px, patch 16: each token steers its separable Gaussians, 12 distinct blocks."""
+    model_args = dict(mixer='ssog', depth_mode='discrete', ssog_steer=True, **WIDTHS['base'])
+    return create_depth_vit('ssog_vit_steer_base', pretrained=pretrained, **dict(model_args, **kwargs))
+
+@register_model
+def ssog_vit_steer_base_patch4_32(pretrained: bool = False, **kwargs: Any) -> DepthVisionTransformer:
+    """Steered SSoG-ViT Base at 32 px, patch 4: each token steers its separable Gaussians, 12 distinct blocks."""
+    model_args = dict(mixer='ssog', depth_mode='discrete', ssog_steer=True, **WIDTHS['base'], **SMALL_IMAGE_ARGS)
+    return create_depth_vit('ssog_vit_steer_base_patch4_32', pretrained=pretrained, **dict(model_args, **kwargs))
 
 @register_model
 def looped_ssog_tiny(pretrained: bool = False, **kwargs: Any) -> DepthVisionTransformer:
