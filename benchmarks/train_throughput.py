@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 
 import timm_odevit  # noqa: F401  (registers the models)
-from timm_odevit.models.families import FAMILIES, model_name
+from timm_odevit.models.families import FAMILIES, SETTINGS, model_name
 
 MODES = ('eager fp32', 'compiled fp32', 'eager bf16', 'compiled bf16')
 
@@ -86,7 +86,9 @@ def main() -> None:
     p.add_argument('--out', default=None, help='also write the Markdown tables here')
     p.add_argument('--device', default='cpu')
     p.add_argument('--modes', nargs='+', default=list(MODES), choices=MODES, help='training modes to time')
-    p.add_argument('--families', nargs='+', default=None, help='SSoG families (with their dense twins); default all')
+    p.add_argument('--families', nargs='+', default=[ssog for ssog, _ in SETTINGS.values()],
+                   choices=[f.name for f in FAMILIES.values() if f.is_ssog],
+                   help='SSoG families, each with its dense twin (default: the fixed-kernel ones)')
     args = p.parse_args()
     device = torch.device(args.device)
     modes = [m for m in MODES if m in args.modes]
@@ -101,16 +103,15 @@ def main() -> None:
              '| model | ' + ' | '.join([f'{m} (img/s)' for m in modes] + [label for _, _, label in ratios]) + ' |',
              '|---|' + '---:|' * (len(modes) + len(ratios))]
     print('\n'.join(lines), flush=True)  # each row follows as it is measured: a run cut short keeps its table
-    families = [f for f in FAMILIES.values() if f.is_ssog and (not args.families or f.name in args.families)]
-    for family in families:
-        for name in (model_name(family.name, 'tiny', True), model_name(family.twin, 'tiny', True)):
-            torch._dynamo.reset()
-            med = interleaved_medians({m: train_step_fn(name, m, args.batch_size, device) for m in modes},
-                                      args.repeats)
-            ips = {m: args.batch_size / med[m] for m in modes}
-            lines.append(f'| `{name}` | ' + ' | '.join([f'{ips[m]:.0f}' for m in modes]
-                                                       + [f'{ips[a] / ips[b]:.2f}x' for a, b, _ in ratios]) + ' |')
-            print(lines[-1], flush=True)
+    # each SSoG model, then its twin unless an earlier family had it
+    names = dict.fromkeys(model_name(n, 'tiny', True) for f in args.families for n in (f, FAMILIES[f].twin))
+    for name in names:
+        torch._dynamo.reset()
+        med = interleaved_medians({m: train_step_fn(name, m, args.batch_size, device) for m in modes}, args.repeats)
+        ips = {m: args.batch_size / med[m] for m in modes}
+        lines.append(f'| `{name}` | ' + ' | '.join([f'{ips[m]:.0f}' for m in modes]
+                                                   + [f'{ips[a] / ips[b]:.2f}x' for a, b, _ in ratios]) + ' |')
+        print(lines[-1], flush=True)
     if args.infer_img_size > 0:
         lines += ['', f'Inference, batch 1, {args.infer_img_size} px, fp32:', '',
                   '| model | eager (ms) | compiled (ms) | compiled speed-up |', '|---|---:|---:|---:|']

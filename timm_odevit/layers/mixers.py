@@ -155,6 +155,14 @@ class _SeparableMixFn(torch.autograd.Function):
         return grad_p, grad_gx, grad_gy, None, None, None, None, None, None
 
 
+def _negligible_weight(dtype: torch.dtype) -> float:
+    """The kernel weight below which an entry cannot change a sum that holds a weight near 1 (tiny / eps, 1e-31 in
+    float32). Gaussian tails underflow to subnormal floats, which CPUs compute 10-20x slower in ``exp`` and in every
+    matmul that reads them; both SSoG paths cut their kernels here."""
+    finfo = torch.finfo(dtype)
+    return finfo.tiny / finfo.eps
+
+
 def gaussian_kernel_matrix(size: int, sigma: torch.Tensor, offset: torch.Tensor) -> torch.Tensor:
     """Row-normalized 1-D Gaussian matrices G[..., i, j] ∝ exp(-(i - j - offset)^2 / (2 sigma^2)).
 
@@ -180,18 +188,16 @@ def _normalised_gaussians(size: int, out_index: torch.Tensor, log_sigma: torch.T
 
     Cheaper than a softmax of the logits: these are multiply-adds in d = i - j (small where the weights are
     large, so no precision is lost), and their row maximum, which a softmax would search for, is known: the
-    integer d nearest the centre. Logits are clamped above the exponent at which the weights turn subnormal,
-    which CPUs compute 10-20x slower (in exp and in every matmul that reads them) and which no sum can notice
-    (below tiny / eps of the row's largest weight, 1)."""
+    integer d nearest the centre. Logits are clamped at the log of ``_negligible_weight`` (the row's largest
+    weight is 1), so no weight is subnormal."""
     a = 0.5 * torch.exp(-2 * log_sigma)  # 1 / (2 sigma^2)
     # the row maximum sits at the d in [i - size + 1, i] nearest the centre: shift it to 0 (it cancels in the
     # normalisation)
     nearest = torch.minimum(torch.maximum(offset.round(), out_index - (size - 1)), out_index)
     shift = a * ((nearest - offset) ** 2 - offset ** 2)
     d = out_index[..., None] - torch.arange(size, device=a.device, dtype=a.dtype)
-    finfo = torch.finfo(a.dtype)
     g = ((2 * a * offset)[..., None] * d).addcmul_(a[..., None], d * d, value=-1).add_(shift[..., None])
-    g = g.clamp_min_(math.log(finfo.tiny / finfo.eps)).exp_()
+    g = g.clamp_min_(math.log(_negligible_weight(a.dtype))).exp_()
     return g.div_(g.sum(-1, keepdim=True))
 
 
@@ -453,9 +459,7 @@ class SeparableGaussianMixer(nn.Module):
         gy, gx = self.field_constants(grid_size)['kernels'] if kernels is None else kernels
         vp = v[:, num_prefix:].reshape(B, H, W, self.num_heads, self.head_dim)
         gx, gy = gx.to(v.dtype), gy.to(v.dtype)
-        # the Gaussian tails underflow to subnormal floats, which CPU matmuls handle 10-20x slower: zero whatever is
-        # too small to change any sum (below tiny / eps, i.e. 1e-31 in float32)
-        flush = torch.finfo(v.dtype).tiny / torch.finfo(v.dtype).eps
+        flush = _negligible_weight(v.dtype)  # subnormal tails: zero them
         gx, gy = gx.masked_fill(gx < flush, 0.), gy.masked_fill(gy < flush, 0.)
         if self.mixing == 'accumulate':
             # head-major [heads, H, B * d, W]: both axes become plain bmm, one component at a time
@@ -520,10 +524,6 @@ class SeparableGaussianMixer(nn.Module):
 
     @torch.no_grad()
     def lipschitz_bound(self, grid_size: Tuple[int, int], num_prefix_tokens: int = 0) -> torch.Tensor:
-        if self.steer:
-            raise TypeError(
-                'A steered SeparableGaussianMixer has no global Lipschitz bound: its kernels depend on the tokens '
-                '(the bound of the paper holds with fixed kernels). Build it with steer=False for a bound.')
         """Upper bound of the mixer's Lipschitz constant (l2 over all tokens) for the current kernels.
 
         Each head's grid operator sum_k a_k (G^y_k kron G^x_k) has spectral norm at most
@@ -531,6 +531,10 @@ class SeparableGaussianMixer(nn.Module):
         to one. Prefix rows (the patch mean, norm 1/sqrt(N)) stack on top: sqrt(p / N + ||grid op||^2). Heads are
         block-diagonal (max over heads); the value and output projections multiply in their spectral norms.
         """
+        if self.steer:
+            raise TypeError(
+                'A steered SeparableGaussianMixer has no global Lipschitz bound: its kernels depend on the tokens '
+                '(the bound of the paper holds with fixed kernels). Build it with steer=False for a bound.')
         gy, gx, mix = self.kernels(grid_size)
         norm_y = gy.sum(dim=-2).amax(dim=-1).sqrt()
         norm_x = gx.sum(dim=-2).amax(dim=-1).sqrt()
