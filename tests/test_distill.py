@@ -120,6 +120,19 @@ def test_label_loss_starts_at_its_epoch(batch):
     assert float(with_label) == pytest.approx(float(out['task_loss']), rel=1e-5)
 
 
+@pytest.mark.parametrize('norm', ['none', 'layernorm'])
+def test_state_gaps_are_the_state_loss_per_target(batch, norm):
+    """state_gaps(x) gives one distance per target time, and their sum is the step's state loss."""
+    task = TrajectoryDistillationTask(make_student(), make_teacher(), state_norm=norm, kd_loss_weight=1.,
+                                      verbose=False).eval()
+    gaps = task.state_gaps(batch[0])
+    assert gaps.shape == (3,) and (gaps > 0).all()
+    with torch.no_grad():
+        assert float(gaps.sum()) == pytest.approx(float(task(*batch)['state_loss']), rel=1e-5)
+    cosine = task.state_gaps(batch[0], 'cosine')
+    assert ((cosine > 0) & (cosine <= 2)).all() and not torch.allclose(cosine, gaps)
+
+
 # ------------------------------------------------------------------------------------------------ time mapping
 def test_uniform_times_on_grid():
     grid = torch.linspace(0, 12, 13, dtype=torch.float64)[1:]

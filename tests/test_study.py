@@ -19,10 +19,11 @@ from timm_odevit.models.pretrained import FMNIST_CFG
 from timm_odevit.study import SETTINGS, StudyRecipe, run_study, study_runs
 from timm_odevit.study.elasticity import write_elasticity
 from timm_odevit.study.export import best_runs, export_run
+from timm_odevit.study.guidance import guidance_runs, guidance_setup, write_guidance_report
 from timm_odevit.study.recipes import write_recipes
 from timm_odevit.train import read_checkpoint
 from timm_odevit.study.report import write_report
-from timm_odevit.study.runs import _claim, is_done, run_dir
+from timm_odevit.study.runs import _claim, is_done, run_dir, train_command
 
 REPO = Path(__file__).resolve().parent.parent
 TINY = StudyRecipe(train_samples=48, val_samples=32, epochs=2, batch_size=16)
@@ -140,6 +141,69 @@ def test_export_card_carries_measured_top1(study, tmp_path):
     assert f'{48 * epochs} images seen ({epochs} epochs of 48)' in budget
     minutes = sum(h['train_seconds'] for h in history) / 60
     assert f'{minutes:.1f} min of training steps' in budget and 'CPU thread(s), fp32' in budget
+
+
+GUIDANCE = dict(student='odevit_tiny_patch4_32', teacher='dense_vit_tiny_patch4_32 --teacher-kwargs depth=2 in_chans=1',
+                guide='--state-norm layernorm', model_kwargs=('depth=2',))
+
+
+def test_guidance_runs_pair_the_arms_seed_major():
+    setup = guidance_setup(**GUIDANCE)
+    runs = guidance_runs(setup, (0, 1))
+    assert [(r.arm, r.seed) for r in runs] == [('scratch', 0), ('guided', 0), ('scratch', 1), ('guided', 1)]
+    assert [r.name for r in runs[:2]] == ['odevit_tiny_patch4_32-scratch-seed0', 'odevit_tiny_patch4_32-guided-seed0']
+    scratch, guided = (train_command(Path('root'), r, TINY) for r in runs[:2])
+    assert '--teacher' not in scratch and '--state-norm' not in scratch
+    assert guided[guided.index('--teacher'):guided.index('--teacher') + 5] == \
+        ['--teacher', 'dense_vit_tiny_patch4_32', '--teacher-kwargs', 'depth=2', 'in_chans=1']
+    assert guided[guided.index('--state-norm') + 1] == 'layernorm'
+    assert scratch[scratch.index('--model-kwargs') + 1] == guided[guided.index('--model-kwargs') + 1] == 'depth=2'
+    with pytest.raises(ValueError, match='needs a teacher'):
+        guidance_setup('odevit_tiny_patch4_32', ' ')
+
+
+@pytest.fixture(scope='module')
+def guidance(idx_folder, tmp_path_factory):
+    """Scratch and guided (a random 2-block teacher) for 2 seeds, 2 epochs on 48 images, as subprocesses."""
+    root = tmp_path_factory.mktemp('guidance')
+    home = tmp_path_factory.mktemp('home')
+    old = os.environ.get('HOME')
+    os.environ['HOME'] = str(home)
+    try:
+        setup = guidance_setup(**GUIDANCE)
+        statuses = [s for _, s in run_study(root, guidance_runs(setup, (0, 1)), TINY, data_dir=str(idx_folder),
+                                            setup=setup)]
+    finally:
+        os.environ['HOME'] = old or ''
+    return root, setup, statuses
+
+
+def test_guidance_report_pairs_seeds_and_reads_the_trajectory(guidance, idx_folder):
+    root, setup, statuses = guidance
+    assert statuses == ['trained'] * 4
+    top1 = {(arm, seed): json.loads((root / 'runs' / f'odevit_tiny_patch4_32-{arm}-seed{seed}' / 'results.json')
+                                    .read_text())['top1'] for arm in ('scratch', 'guided') for seed in (0, 1)}
+    ckpt = read_checkpoint(str(root / 'runs' / 'odevit_tiny_patch4_32-guided-seed0' / 'last.pth.tar'))
+    assert vars(ckpt['args'])['state_norm'] == 'layernorm' and len(ckpt['task_state']['target_times']) == 2
+    assert 'task_state' not in read_checkpoint(str(root / 'runs' / 'odevit_tiny_patch4_32-scratch-seed0' /
+                                                   'last.pth.tar'))
+    table = write_guidance_report(root, test_samples=32, data_dir=str(idx_folder))
+    gains = [top1['guided', k] - top1['scratch', k] for k in (0, 1)]
+    assert f'{sum(gains) / 2:.2f} ± ' in table and '> +10' in table and '`--state-norm layernorm`' in table
+    rows = list(csv.reader(open(root / 'guidance.csv')))
+    assert rows[0][:3] == ['arm', 'seed', 'top1'] and len(rows[0]) == 5 and len(rows) == 5
+    gaps = [float(v) for r in rows[1:] for v in r[3:]]
+    assert all(0 < g <= 2 for g in gaps)
+    # the arms differ in their trajectories, and guided runs train a different student than scratch ones
+    assert [r[3:] for r in rows[1:3]] != [r[3:] for r in rows[3:5]]
+    with pytest.raises(ValueError, match='another --out-dir'):
+        next(run_study(root, guidance_runs(setup, (0,)), TINY, setup=dict(setup, guide='--state-norm cosine')))
+
+
+def test_guidance_report_needs_both_arms(tmp_path):
+    (tmp_path / 'runs' / 'odevit_tiny_patch4_32-scratch-seed0').mkdir(parents=True)
+    with pytest.raises(FileNotFoundError, match='both arms'):
+        write_guidance_report(tmp_path)
 
 
 def test_committed_recipes_are_current(tmp_path):

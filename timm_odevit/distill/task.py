@@ -472,6 +472,19 @@ class TrajectoryDistillationTask(TrainingTask):
                  + task_weight * terms['task_loss'])
         return {'loss': total, 'output': logits, **terms}
 
+    @torch.no_grad()
+    def state_gaps(self, input: torch.Tensor, norm: Optional[str] = None) -> torch.Tensor:
+        """Per target k, the distance (``norm``, default the task's ``state_norm``) between the student's state at
+        time t_k and the teacher's block k output on a batch: the trajectory that the state loss sums, [K]."""
+        if self.target_times is None:
+            self.calibrate(input)
+        input_kd = self.teacher.normalize_input(input, self.student_mean, self.student_std)
+        t = self._teacher_forward(input_kd, need_attn=False)
+        _, states, _ = self.trainable_module(input, self.target_times, return_attn=False)
+        teacher_states = t['states'].to(states.dtype)
+        return torch.stack([state_matching_loss(states[k:k + 1], teacher_states[k:k + 1], norm or self.state_norm)
+                            for k in range(states.shape[0])])
+
     def distill_scale(self) -> float:
         """The factor on the teacher's terms this epoch: 1, decaying linearly to 0 at ``distill_end_epoch``."""
         if self.distill_end_epoch is None:

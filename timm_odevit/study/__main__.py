@@ -5,6 +5,8 @@
     python -m timm_odevit.study elasticity         # ODE models under other solvers and step counts
     python -m timm_odevit.study export             # best run of each family -> weights/<arch>.fmnist
     python -m timm_odevit.study recipes            # timm train.py YAML recipes -> examples/
+    python -m timm_odevit.study guidance --student S --teacher T   # scratch vs teacher-guided, matched
+    python -m timm_odevit.study guidance-report    # guidance.md / guidance.csv
 """
 import argparse
 import logging
@@ -16,6 +18,7 @@ from typing import List, Optional
 from .runs import SETTINGS, StudyRecipe, run_study, study_runs
 
 DEFAULT_OUT = 'results/fmnist_study'
+DEFAULT_GUIDANCE_OUT = 'results/guidance'
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -47,18 +50,47 @@ def main(argv: Optional[List[str]] = None) -> int:
     ex.add_argument('--no-full', action='store_true', help='skip the full Fashion-MNIST test set')
     rc = sub.add_parser('recipes', help="write timm train.py YAML recipes (fmnist 32 px, CIFAR-100 224 px)")
     rc.add_argument('--out-dir', default='examples')
+    gd = sub.add_parser('guidance', help='train one student from scratch and guided by a teacher, seed by seed')
+    gd.add_argument('--out-dir', default=DEFAULT_GUIDANCE_OUT)
+    gd.add_argument('--student', default='odevit_tiny_patch4_32')
+    gd.add_argument('--model-kwargs', nargs='*', default=[], metavar='K=V', help="the student's, both arms")
+    gd.add_argument('--teacher', required=True,
+                    help="the training command's teacher options as one string, e.g. 'dense_vit_tiny_patch4_32 "
+                         "--teacher-checkpoint weights/dense_vit_tiny_patch4_32.fmnist/model.safetensors "
+                         "--teacher-kwargs in_chans=1'")
+    gd.add_argument('--guide', default='', help="further options of the guided arm, e.g. '--state-norm layernorm'")
+    gd.add_argument('--seeds', type=int, nargs='+', default=[0, 1])
+    gd.add_argument('--threads', type=int, default=1, help='threads per training process')
+    gd.add_argument('--data-dir', default=None, help="Fashion-MNIST IDX files (default: Debian's package)")
+    for f in fields(StudyRecipe):
+        gd.add_argument(f'--{f.name.replace("_", "-")}', type=f.type if callable(f.type) else type(f.default),
+                        default=f.default)
+    gr = sub.add_parser('guidance-report', help='scratch vs guided: top-1 and the trajectory against the teacher')
+    gr.add_argument('--out-dir', default=DEFAULT_GUIDANCE_OUT)
+    gr.add_argument('--test-samples', type=int, default=256, help='first n test images for the trajectory')
+    gr.add_argument('--data-dir', default=None, help="Fashion-MNIST IDX files (default: Debian's package)")
     a = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format='%(asctime)s %(message)s')
 
-    if a.cmd == 'run':
+    if a.cmd in ('run', 'guidance'):
         recipe = StudyRecipe(**{f.name: getattr(a, f.name) for f in fields(StudyRecipe)})
-        runs = study_runs(a.seeds, a.settings)
-        logging.info('study in %s: %d runs, recipe %s', a.out_dir, len(runs), asdict(recipe))
+        setup = None
+        if a.cmd == 'guidance':
+            from .guidance import guidance_runs, guidance_setup
+            setup = guidance_setup(a.student, a.teacher, a.guide, a.model_kwargs)
+            runs = guidance_runs(setup, a.seeds)
+        else:
+            runs = study_runs(a.seeds, a.settings)
+        logging.info('%s in %s: %d runs, recipe %s', a.cmd, a.out_dir, len(runs), asdict(recipe))
         failed = 0
-        for i, (run, status) in enumerate(run_study(Path(a.out_dir), runs, recipe, a.threads, a.data_dir)):
+        for i, (run, status) in enumerate(run_study(Path(a.out_dir), runs, recipe, a.threads, a.data_dir, setup)):
             logging.info('[%d/%d] %s: %s', i + 1, len(runs), run.name, status)
             failed += status == 'failed'
         return 1 if failed else 0
+    if a.cmd == 'guidance-report':
+        from .guidance import write_guidance_report
+        print(write_guidance_report(Path(a.out_dir), a.test_samples, a.data_dir))
+        return 0
     if a.cmd == 'report':
         from .report import write_report
         print(write_report(Path(a.out_dir)))

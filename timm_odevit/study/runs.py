@@ -53,10 +53,12 @@ class Run:
     arch: str
     seed: int
     model_kwargs: Tuple[str, ...] = field(default=())
+    arm: str = ''  # which arm of a comparison of one model (e.g. 'scratch' / 'guided'), part of the name
+    extra_args: Tuple[str, ...] = field(default=())  # further options of the training command
 
     @property
     def name(self) -> str:
-        return f'{self.arch}-seed{self.seed}'
+        return f'{self.arch}-{self.arm}-seed{self.seed}' if self.arm else f'{self.arch}-seed{self.seed}'
 
     @property
     def mixer(self) -> str:
@@ -69,7 +71,8 @@ def study_runs(seeds: Sequence[int] = (0, 1), settings: Optional[Sequence[str]] 
     unknown = [s for s in names if s not in SETTINGS]
     if unknown:
         raise ValueError(f'Unknown setting(s) {unknown}; choose from {list(SETTINGS)}.')
-    return [Run(s, arch, seed, tuple(f'{k}={v}' for k, v in SETTINGS[s][2].items())) for seed in seeds for s in names for arch in SETTINGS[s][:2]]
+    return [Run(s, arch, seed, tuple(f'{k}={v}' for k, v in SETTINGS[s][2].items()))
+            for seed in seeds for s in names for arch in SETTINGS[s][:2]]
 
 
 def run_dir(root: Path, run: Run) -> Path:
@@ -89,6 +92,7 @@ def train_command(root: Path, run: Run, recipe: StudyRecipe, data_dir: Optional[
     for key in ('train_samples', 'val_samples', 'epochs', 'batch_size', 'lr', 'weight_decay', 'warmup_epochs',
                 'min_lr', 'clip_grad', 'in_chans'):
         cmd += [f'--{key.replace("_", "-")}', str(r[key])]
+    cmd += list(run.extra_args)
     if run.model_kwargs:
         cmd += ['--model-kwargs', *run.model_kwargs]
     if data_dir:
@@ -141,22 +145,23 @@ def run_study(
         recipe: StudyRecipe,
         threads: int = 1,
         data_dir: Optional[str] = None,
+        setup: Optional[Dict[str, Any]] = None,
 ) -> Iterator[Tuple[Run, str]]:
     """Train every run not done yet and not claimed by another runner; yields (run, status): 'trained', 'already done',
     'skipped' (another runner has it) or 'failed'.
 
-    The study's recipe is written to ``root/study.json``; a root made with another recipe is refused, so runs
-    of different budgets never end up in one table.
+    The study's recipe (and ``setup``, what else its runs share, e.g. a teacher) is written to ``root/study.json``;
+    a root made with another recipe or setup is refused, so runs of different budgets never end up in one table.
     """
     root = Path(root)
     root.mkdir(parents=True, exist_ok=True)
     meta = root / 'study.json'
-    want = {'recipe': asdict(recipe)}
+    want: Dict[str, Any] = {'recipe': asdict(recipe), **({'setup': setup} if setup else {})}
     if meta.is_file():
         have = json.loads(meta.read_text())
-        if have.get('recipe') != want['recipe']:
-            raise ValueError(f'{root} holds a study with recipe {have.get("recipe")}, not {want["recipe"]}: '
-                             'use another --out-dir, or the same recipe to resume it.')
+        if have != want:
+            raise ValueError(f'{root} holds a study with {have}, not {want}: use another --out-dir, or the same '
+                             'recipe to resume it.')
     else:
         meta.write_text(json.dumps(want, indent=2) + '\n')
     env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))

@@ -1,0 +1,137 @@
+"""Teacher guidance against training alone, matched: one student, one recipe and one seed set, trained from scratch
+and guided by a teacher (``python -m timm_odevit.train --teacher``), and the report that compares them.
+
+Runs go through the study's resumable runner (``run_study``): ``runs/<student>-scratch-seed<k>`` and
+``runs/<student>-guided-seed<k>``; ``study.json`` records the recipe and the guidance setup, and a folder made with
+another one is refused. The report (``guidance.md``, ``guidance.csv``) gives final top-1 per arm (mean and sample SD
+over seeds), the gain paired by seed next to ODE-ViT's, and the trajectory: per target time, the distance between
+the student's state and the teacher's block output on test images, for both arms, so a reader sees whether guidance
+moved the trajectory at all.
+"""
+import argparse
+import csv
+import json
+import shlex
+import statistics
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Sequence
+
+import torch
+
+from .runs import Run, run_dir
+
+__all__ = ['ARMS', 'PAPER_GUIDANCE_GAIN', 'guidance_setup', 'guidance_runs', 'write_guidance_report']
+
+ARMS = ('scratch', 'guided')
+# ODE-ViT: a teacher-guided ODE-ViT gains more than 10 points over the free one (CIFAR-100, 300 epochs)
+PAPER_GUIDANCE_GAIN = 10.0
+# the trajectory is compared scale-free (1 - cosine of CLS states): raw states of teacher and student differ in norm
+TRAJECTORY_NORM = 'cosine'
+
+
+def guidance_setup(student: str, teacher: str, guide: str = '', model_kwargs: Sequence[str] = ()) -> Dict[str, Any]:
+    """What the runs of one comparison share besides the recipe: the student, its model kwargs, the teacher
+    options of the guided arm (``teacher``: the training command's ``--teacher ...`` options as one string, e.g.
+    ``'dense_vit_tiny_patch4_32 --teacher-checkpoint weights/.../model.safetensors'``) and further guided-arm
+    options (``guide``, e.g. ``'--state-norm layernorm'``)."""
+    if not teacher.strip():
+        raise ValueError('A guidance comparison needs a teacher (the --teacher value of the training command).')
+    return {'student': student, 'model_kwargs': list(model_kwargs), 'teacher': teacher, 'guide': guide}
+
+
+def guidance_runs(setup: Dict[str, Any], seeds: Sequence[int] = (0, 1)) -> List[Run]:
+    """Seed-major: both arms of a seed before the next seed, so a comparison cut short keeps complete pairs."""
+    guided = ('--teacher', *shlex.split(setup['teacher']), *shlex.split(setup['guide']))
+    return [Run('guidance', setup['student'], seed, tuple(setup['model_kwargs']), arm,
+                guided if arm == 'guided' else ())
+            for seed in seeds for arm in ARMS]
+
+
+def _finished(root: Path, arm: str) -> Dict[int, Path]:
+    out = {}
+    for path in sorted((Path(root) / 'runs').glob(f'*-{arm}-seed*')):
+        if (path / 'results.json').is_file():
+            out[int(path.name.rsplit('seed', 1)[1])] = path
+    return out
+
+
+def _mean_sd(values: Sequence[float]) -> str:
+    if not values:
+        return 'n/a'
+    sd = statistics.stdev(values) if len(values) > 1 else 0.
+    return f'{statistics.mean(values):.2f} ± {sd:.2f}'
+
+
+def _trajectory(runs: Dict[str, Dict[int, Path]], data_dir: Optional[str], test_samples: int) -> Dict[str, Any]:
+    """Per arm and seed, the student's distance to the teacher at each target time of the guided run (its
+    calibrated times, so both arms are read at the same depths), with the teacher the guided run was given, on
+    test images preprocessed as the training command does."""
+    from timm.data import resolve_data_config
+    from timm.models import load_state_dict
+    from .. import data as fm
+    from ..train import read_checkpoint
+    from ..train.command import build_task, input_stats
+    ckpt = read_checkpoint(str(next(iter(runs['guided'].values())) / 'last.pth.tar'))
+    args = ckpt['args']
+    task = build_task(args, torch.device('cpu'))
+    task.load_task_state(ckpt.get('task_state'))
+    task.eval()
+    student = task.get_eval_model()
+    data_cfg = resolve_data_config({}, model=student)
+    data_cfg['input_size'] = (args.in_chans, *student.patch_embed.img_size)
+    mean, std = input_stats(args, data_cfg)
+    images, _ = fm.load_tensors(data_dir, 'test', model=student, limit=test_samples,
+                                input_size=data_cfg['input_size'], mean=mean, std=std)
+    gaps: Dict[str, Dict[int, List[float]]] = {}
+    for arm, by_seed in runs.items():
+        for seed, path in by_seed.items():
+            # the weights results.json's top-1 was measured on, not an EMA
+            with torch.serialization.safe_globals([argparse.Namespace]):
+                student.load_state_dict(load_state_dict(str(path / 'last.pth.tar'), use_ema=False))
+            gaps.setdefault(arm, {})[seed] = task.state_gaps(images, TRAJECTORY_NORM).tolist()
+    return {'times': [round(float(t), 3) for t in task.target_times], 'gaps': gaps, 'images': len(images)}
+
+
+def write_guidance_report(root: Path, test_samples: int = 256, data_dir: Optional[str] = None) -> str:
+    """Write ``guidance.csv`` and ``guidance.md`` under ``root``; returns the Markdown. The trajectory is read on
+    the first ``test_samples`` test images of ``data_dir`` (default: Debian's Fashion-MNIST, else the sample)."""
+    root = Path(root)
+    runs = {arm: _finished(root, arm) for arm in ARMS}
+    if not runs['scratch'] or not runs['guided']:
+        raise FileNotFoundError(f'{root / "runs"} needs finished runs of both arms (scratch and guided): '
+                                'run `python -m timm_odevit.study guidance` first.')
+    meta = json.loads((root / 'study.json').read_text())
+    setup, recipe = meta.get('setup', {}), meta.get('recipe', {})
+    top1 = {arm: {seed: json.loads((p / 'results.json').read_text())['top1'] for seed, p in by_seed.items()}
+            for arm, by_seed in runs.items()}
+    traj = _trajectory(runs, data_dir, test_samples)
+    with open(root / 'guidance.csv', 'w', newline='') as f:
+        w = csv.writer(f)
+        w.writerow(['arm', 'seed', 'top1'] + [f'gap_t{t}' for t in traj['times']])
+        for arm in ARMS:
+            for seed in sorted(top1[arm]):
+                w.writerow([arm, seed, round(top1[arm][seed], 2)] + [round(g, 4) for g in traj['gaps'][arm][seed]])
+    paired = [top1['guided'][k] - top1['scratch'][k] for k in sorted(set(top1['guided']) & set(top1['scratch']))]
+    gain = statistics.mean(paired) if paired else float('nan')
+    lines = [
+        '| student | teacher | scratch top-1 | guided top-1 | gain (points, paired) | paper gain | seeds |',
+        '|---|---|---:|---:|---:|---:|---:|',
+        f'| `{setup.get("student", "?")}` | `{setup.get("teacher", "?")}` | '
+        f'{_mean_sd(list(top1["scratch"].values()))} | {_mean_sd(list(top1["guided"].values()))} | '
+        f'{_mean_sd(paired)} | > +{PAPER_GUIDANCE_GAIN:g} | {len(paired)} |',
+        '',
+        f'Trajectory: 1 - cosine similarity of the student\'s CLS state at each target time and the teacher\'s block '
+        f'output, on the first {traj["images"]} test images (mean over seeds; 0 = aligned, 1 = orthogonal):',
+        '',
+        '| arm | ' + ' | '.join(f't = {t:g}' for t in traj['times']) + ' |',
+        '|---|' + '---:|' * len(traj['times']),
+    ]
+    for arm in ARMS:
+        per_seed = list(traj['gaps'][arm].values())
+        lines.append(f'| {arm} | ' + ' | '.join(f'{statistics.mean(col):.3f}' for col in zip(*per_seed)) + ' |')
+    lines += ['', f'Final-epoch top-1 on {recipe.get("val_samples", "?")} Fashion-MNIST test images, mean ± sample SD '
+                  f'over seeds; gain = guided minus scratch, paired by seed ({gain:+.2f} points). Recipe: {recipe}; '
+                  f'model kwargs: {setup.get("model_kwargs")}; guided-arm options: `{setup.get("guide") or "-"}`.']
+    table = '\n'.join(lines) + '\n'
+    (root / 'guidance.md').write_text(table)
+    return table
