@@ -190,6 +190,7 @@ def test_guidance_report_pairs_seeds_and_reads_the_trajectory(guidance, idx_fold
     table = write_guidance_report(root, test_samples=32, data_dir=str(idx_folder))
     gains = [top1['guided', k] - top1['scratch', k] for k in (0, 1)]
     assert f'{sum(gains) / 2:.2f} ± ' in table and '> +10' in table and '`--state-norm layernorm`' in table
+    assert 'training min per run, scratch / guided' in table
     rows = list(csv.reader(open(root / 'guidance.csv')))
     assert rows[0][:3] == ['arm', 'seed', 'top1'] and len(rows[0]) == 5 and len(rows) == 5
     gaps = [float(v) for r in rows[1:] for v in r[3:]]

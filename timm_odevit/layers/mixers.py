@@ -272,8 +272,9 @@ def _steered_mix(
     every query (i, j):  Y[i, j] = sum_k a_k(i, j) sum_i' G^y_{k,(i,j)}[i'] sum_j' G^x_{k,(i',j)}[j'] V[i', j'].
     Each stage is a per-position 1-D Gaussian, so the work stays O(N (H + W) K C) and no N x N matrix is formed.
 
-    It runs head-major in chunks of output columns (``_steered_columns``), so what one chunk creates is freed
-    before the next; ``columns_per_chunk`` (default head_dim // K) sizes a chunk's kernels, here about the values'.
+    It runs head-major in chunks of ``columns_per_chunk`` output columns (``_steered_columns``), so what one chunk
+    creates is freed before the next; the default, head_dim // K, makes a chunk's kernels about the size of the
+    values.
     """
     B, H, W, heads, d = vp.shape
     K = log_sigma.shape[-1]

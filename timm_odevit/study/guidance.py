@@ -102,8 +102,12 @@ def write_guidance_report(root: Path, test_samples: int = 256, data_dir: Optiona
                                 'run `python -m timm_odevit.study guidance` first.')
     meta = json.loads((root / 'study.json').read_text())
     setup, recipe = meta.get('setup', {}), meta.get('recipe', {})
-    top1 = {arm: {seed: json.loads((p / 'results.json').read_text())['top1'] for seed, p in by_seed.items()}
-            for arm, by_seed in runs.items()}
+    results = {arm: {seed: json.loads((p / 'results.json').read_text()) for seed, p in by_seed.items()}
+               for arm, by_seed in runs.items()}
+    top1 = {arm: {seed: r['top1'] for seed, r in by_seed.items()} for arm, by_seed in results.items()}
+    # the budget is matched in images; the guided arm also pays for the teacher's forward
+    minutes = {arm: statistics.mean(sum(h['train_seconds'] for h in r['history']) / 60 for r in by_seed.values())
+               for arm, by_seed in results.items()}
     traj = _trajectory(runs, data_dir, test_samples)
     with open(root / 'guidance.csv', 'w', newline='') as f:
         w = csv.writer(f)
@@ -114,11 +118,13 @@ def write_guidance_report(root: Path, test_samples: int = 256, data_dir: Optiona
     paired = [top1['guided'][k] - top1['scratch'][k] for k in sorted(set(top1['guided']) & set(top1['scratch']))]
     gain = statistics.mean(paired) if paired else float('nan')
     lines = [
-        '| student | teacher | scratch top-1 | guided top-1 | gain (points, paired) | paper gain | seeds |',
-        '|---|---|---:|---:|---:|---:|---:|',
+        '| student | teacher | scratch top-1 | guided top-1 | gain (points, paired) | paper gain | seeds | '
+        'training min per run, scratch / guided |',
+        '|---|---|---:|---:|---:|---:|---:|---:|',
         f'| `{setup.get("student", "?")}` | `{setup.get("teacher", "?")}` | '
         f'{_mean_sd(list(top1["scratch"].values()))} | {_mean_sd(list(top1["guided"].values()))} | '
-        f'{_mean_sd(paired)} | > +{PAPER_GUIDANCE_GAIN:g} | {len(paired)} |',
+        f'{_mean_sd(paired)} | > +{PAPER_GUIDANCE_GAIN:g} | {len(paired)} | '
+        f'{minutes["scratch"]:.1f} / {minutes["guided"]:.1f} |',
         '',
         f'Trajectory: 1 - cosine similarity of the student\'s CLS state at each target time and the teacher\'s block '
         f'output, on the first {traj["images"]} test images (mean over seeds; 0 = aligned, 1 = orthogonal):',
