@@ -21,19 +21,24 @@ DEFAULT_OUT = 'results/fmnist_study'
 DEFAULT_GUIDANCE_OUT = 'results/guidance'
 
 
+def _add_run_options(p: argparse.ArgumentParser, out_dir: str) -> argparse.ArgumentParser:
+    """What every runner takes: its folder, seeds, threads, data and the recipe's fields."""
+    p.add_argument('--out-dir', default=out_dir)
+    p.add_argument('--seeds', type=int, nargs='+', default=[0, 1])
+    p.add_argument('--threads', type=int, default=1, help='threads per training process')
+    p.add_argument('--data-dir', default=None, help="Fashion-MNIST IDX files (default: Debian's package)")
+    for f in fields(StudyRecipe):
+        p.add_argument(f'--{f.name.replace("_", "-")}', type=f.type if callable(f.type) else type(f.default),
+                       default=f.default)
+    return p
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     p = argparse.ArgumentParser(prog='python -m timm_odevit.study', description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest='cmd', required=True)
-    r = sub.add_parser('run', help='train every run of the study that is not done yet')
-    r.add_argument('--out-dir', default=DEFAULT_OUT)
-    r.add_argument('--seeds', type=int, nargs='+', default=[0, 1])
+    r = _add_run_options(sub.add_parser('run', help='train every run of the study that is not done yet'), DEFAULT_OUT)
     r.add_argument('--settings', nargs='+', default=list(SETTINGS), choices=list(SETTINGS))
-    r.add_argument('--threads', type=int, default=1, help='threads per training process')
-    r.add_argument('--data-dir', default=None, help="Fashion-MNIST IDX files (default: Debian's package)")
-    for f in fields(StudyRecipe):
-        r.add_argument(f'--{f.name.replace("_", "-")}', type=f.type if callable(f.type) else type(f.default),
-                       default=f.default)
     rep = sub.add_parser('report', help='results table (mean and spread over seeds), CSV and curves')
     rep.add_argument('--out-dir', default=DEFAULT_OUT)
     el = sub.add_parser('elasticity', help='top-1 of the trained ODE models under other solvers and step counts')
@@ -50,8 +55,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     ex.add_argument('--no-full', action='store_true', help='skip the full Fashion-MNIST test set')
     rc = sub.add_parser('recipes', help="write timm train.py YAML recipes (fmnist 32 px, CIFAR-100 224 px)")
     rc.add_argument('--out-dir', default='examples')
-    gd = sub.add_parser('guidance', help='train one student from scratch and guided by a teacher, seed by seed')
-    gd.add_argument('--out-dir', default=DEFAULT_GUIDANCE_OUT)
+    gd = _add_run_options(
+        sub.add_parser('guidance', help='train one student from scratch and guided by a teacher, seed by seed'),
+        DEFAULT_GUIDANCE_OUT)
     gd.add_argument('--student', default='odevit_tiny_patch4_32')
     gd.add_argument('--model-kwargs', nargs='*', default=[], metavar='K=V', help="the student's, both arms")
     gd.add_argument('--teacher', required=True,
@@ -59,12 +65,6 @@ def main(argv: Optional[List[str]] = None) -> int:
                          "--teacher-checkpoint weights/dense_vit_tiny_patch4_32.fmnist/model.safetensors "
                          "--teacher-kwargs in_chans=1'")
     gd.add_argument('--guide', default='', help="further options of the guided arm, e.g. '--state-norm layernorm'")
-    gd.add_argument('--seeds', type=int, nargs='+', default=[0, 1])
-    gd.add_argument('--threads', type=int, default=1, help='threads per training process')
-    gd.add_argument('--data-dir', default=None, help="Fashion-MNIST IDX files (default: Debian's package)")
-    for f in fields(StudyRecipe):
-        gd.add_argument(f'--{f.name.replace("_", "-")}', type=f.type if callable(f.type) else type(f.default),
-                        default=f.default)
     gr = sub.add_parser('guidance-report', help='scratch vs guided: top-1 and the trajectory against the teacher')
     gr.add_argument('--out-dir', default=DEFAULT_GUIDANCE_OUT)
     gr.add_argument('--test-samples', type=int, default=256, help='first n test images for the trajectory')

@@ -18,7 +18,8 @@ from typing import Any, Dict, List, Optional, Sequence
 
 import torch
 
-from .runs import Run, run_dir
+from .report import mean_sd
+from .runs import Run
 
 __all__ = ['ARMS', 'PAPER_GUIDANCE_GAIN', 'guidance_setup', 'guidance_runs', 'write_guidance_report']
 
@@ -53,13 +54,6 @@ def _finished(root: Path, arm: str) -> Dict[int, Path]:
         if (path / 'results.json').is_file():
             out[int(path.name.rsplit('seed', 1)[1])] = path
     return out
-
-
-def _mean_sd(values: Sequence[float]) -> str:
-    if not values:
-        return 'n/a'
-    sd = statistics.stdev(values) if len(values) > 1 else 0.
-    return f'{statistics.mean(values):.2f} ± {sd:.2f}'
 
 
 def _trajectory(runs: Dict[str, Dict[int, Path]], data_dir: Optional[str], test_samples: int) -> Dict[str, Any]:
@@ -122,8 +116,8 @@ def write_guidance_report(root: Path, test_samples: int = 256, data_dir: Optiona
         'training min per run, scratch / guided |',
         '|---|---|---:|---:|---:|---:|---:|---:|',
         f'| `{setup.get("student", "?")}` | `{setup.get("teacher", "?")}` | '
-        f'{_mean_sd(list(top1["scratch"].values()))} | {_mean_sd(list(top1["guided"].values()))} | '
-        f'{_mean_sd(paired)} | > +{PAPER_GUIDANCE_GAIN:g} | {len(paired)} | '
+        f'{mean_sd(list(top1["scratch"].values()))} | {mean_sd(list(top1["guided"].values()))} | '
+        f'{mean_sd(paired)} | > +{PAPER_GUIDANCE_GAIN:g} | {len(paired)} | '
         f'{minutes["scratch"]:.1f} / {minutes["guided"]:.1f} |',
         '',
         f'Trajectory: 1 - cosine similarity of the student\'s CLS state at each target time and the teacher\'s block '

@@ -4,7 +4,7 @@ import csv
 import json
 import statistics
 from pathlib import Path
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Sequence
 
 from .runs import SETTINGS
 
@@ -47,7 +47,8 @@ def collect(root: Path) -> List[Dict[str, Any]]:
     return rows
 
 
-def _mean_sd(values: List[float]) -> str:
+def mean_sd(values: Sequence[float]) -> str:
+    """'mean ± sample SD' of a few runs (SD 0 for one run, 'n/a' for none)."""
     if not values:
         return 'n/a'
     sd = statistics.stdev(values) if len(values) > 1 else 0.
@@ -82,8 +83,8 @@ def write_report(root: Path) -> str:
         agrees = 'yes' if lo <= gain <= hi else 'larger' if gain > hi else 'same sign, smaller' if gain > 0 else 'no'
         lines.append(
             f'| {setting} | `{dense}` | {next(iter(d.values()))["params_m"]:.3f} | '
-            f'{_mean_sd([r["val_top1"] for r in d.values()])} | `{ssog}` | {next(iter(s.values()))["params_m"]:.3f} | '
-            f'{_mean_sd([r["val_top1"] for r in s.values()])} | {_mean_sd(paired)} | +{lo} to +{hi} | {agrees} |')
+            f'{mean_sd([r["val_top1"] for r in d.values()])} | `{ssog}` | {next(iter(s.values()))["params_m"]:.3f} | '
+            f'{mean_sd([r["val_top1"] for r in s.values()])} | {mean_sd(paired)} | +{lo} to +{hi} | {agrees} |')
     n_seeds = len({r['seed'] for r in rows})
     note = (f'\nFinal-epoch top-1 on {recipe.get("val_samples", "?")} Fashion-MNIST test images, mean ± sample SD '
             f'over {n_seeds} seed(s); gain = SSoG minus dense, paired by seed. Recipe: {recipe}. '
