@@ -427,6 +427,11 @@ class SeparableGaussianMixer(nn.Module):
         gy, gx, mix = self.kernels(grid_size)
         return {'kernels': (gy * mix[..., None, None].to(gy), gx)}
 
+    def _recomputes_in_backward(self) -> bool:
+        """Whether this call's mixing is checkpointed by the mixer itself: a backward will follow, recomputing is
+        on, and no block checkpoint around it already recomputes the whole block."""
+        return torch.is_grad_enabled() and self.recompute_mixing and not self.within_checkpoint
+
     def set_grad_checkpointing(self, enable: bool = True) -> None:
         """Told by the depth integrator that it checkpoints whole blocks: the einsum path's own recompute would
         nest a second checkpoint inside that one and run the mixing three times, so it stands down."""
@@ -467,7 +472,7 @@ class SeparableGaussianMixer(nn.Module):
             p = _head_major(v, num_prefix, H, W, self.num_heads)
             y = _SeparableMixFn.apply(p, gx, gy, x, self.v.weight, self.v.bias, num_prefix, H, W)
             y = y.reshape(self.num_heads, H, B, self.head_dim, W).permute(2, 1, 4, 0, 3)
-        elif torch.is_grad_enabled() and self.recompute_mixing and not self.within_checkpoint:
+        elif self._recomputes_in_backward():
             # the x-axis result is K times the values: recompute it in backward instead of keeping it
             y = checkpoint(_separable_mix, vp, gx, gy, use_reentrant=False)
         else:
@@ -498,7 +503,7 @@ class SeparableGaussianMixer(nn.Module):
         checkpointed from the tokens, so the values, residuals and kernels of a head exist only while that head
         runs (forward or backward); the training peak is the fixed mixer's (docs/benchmark.md)."""
         B, _, C = x.shape
-        if not (torch.is_grad_enabled() and self.recompute_mixing and not self.within_checkpoint):
+        if not self._recomputes_in_backward():
             y = _steered_heads(x, self.v.weight, self.v.bias, self.steer_weight, self.steer_gate,
                                self.log_sigma, self.offset, self.mix_logits, (H, W))
             return y.reshape(B, H * W, C)
