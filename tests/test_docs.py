@@ -57,9 +57,13 @@ def _zoo(table: str) -> Callable[[], str]:
     return gen
 
 
-def _weights() -> str:
-    from timm_odevit.hub.table import weights_table
-    return weights_table(REPO_ROOT / 'weights')
+def _weights(kind: str) -> Callable[[], str]:
+    def gen() -> str:
+        from timm_odevit.hub.table import learning_curves, matched_table, weights_table
+        if kind == 'curves':
+            return learning_curves(REPO_ROOT / 'results' / 'weights')
+        return (matched_table if kind == 'matched' else weights_table)(REPO_ROOT / 'weights')
+    return gen
 
 
 # command named in a page's table marker -> the function that command runs (same arguments)
@@ -68,7 +72,9 @@ GENERATORS: Dict[str, Callable[[], str]] = {
     'python -m timm_odevit.zoo params': _zoo('params'),
     'python -m timm_odevit.zoo reduction': _zoo('reduction'),
     'python -m timm_odevit.zoo paper': _zoo('paper'),
-    'python -m timm_odevit.hub table --root weights': _weights,
+    'python -m timm_odevit.hub table --root weights': _weights('weights'),
+    'python -m timm_odevit.hub table --kind matched --root weights': _weights('matched'),
+    'python -m timm_odevit.hub table --kind curves --logs results/weights': _weights('curves'),
     'python -m timm_odevit.study report': _study_report,
     'python -m timm_odevit.study elasticity (writes results/fmnist_study/elasticity.md)':
         _committed('results/fmnist_study/elasticity.md'),

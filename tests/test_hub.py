@@ -488,13 +488,39 @@ def test_export_replaces_files_whole(tmp_path):
 def test_training_budget_from_cards(tmp_path):
     """The weights table's budget column adds up each stage of a card's recipe, and refuses a card without one."""
     from timm_odevit.hub.table import training_budget
-    two_stage = REPO_ROOT / 'weights' / 'ssog_vit_tiny_patch4_32.fmnist'
-    assert training_budget(two_stage) == '660k (11 epochs of 60,000)'
     card = tmp_path / 'x.fmnist'
     card.mkdir()
+    (card / 'README.md').write_text('- stage 1 of 2, data: 60000 training images (first n)\n- stage 1 of 2, schedule: '
+                                    '3 epochs, batch 128\n- stage 2 of 2, data: 60000 training images\n'
+                                    '- stage 2 of 2, schedule: 8 epochs, batch 128\n')
+    assert training_budget(card) == '660k (11 epochs of 60,000)'
     (card / 'README.md').write_text('- data: 3000 Fashion-MNIST training images\n- schedule: 2 epochs, batch 8\n'
                                     '- data: 1000 Fashion-MNIST training images\n- schedule: 5 epochs, batch 8\n')
     assert training_budget(card) == '11k (7 epochs in all)'
     (card / 'README.md').write_text('no recipe here')
     with pytest.raises(ValueError, match='states no training data'):
         training_budget(card)
+
+
+def test_matched_table_pairs_only_same_recipe(tmp_path):
+    """An SSoG weight and its dense twin form a row only when one command (the model name aside) trained both."""
+    from timm_odevit.hub.table import matched_table
+    for name in ('looped_ssog_tiny_patch4_32.fmnist', 'looped_vit_tiny_patch4_32.fmnist',
+                 'odevit_tiny_patch4_32.fmnist'):
+        shutil.copytree(REPO_ROOT / 'weights' / name, tmp_path / name)
+    rows = matched_table(tmp_path).splitlines()[2:]
+    assert len(rows) == 1 and '`looped_ssog_tiny_patch4_32.fmnist`' in rows[0] and '+1.08 |' in rows[0], rows
+    dense_card = tmp_path / 'looped_vit_tiny_patch4_32.fmnist' / 'README.md'
+    dense_card.write_text(dense_card.read_text().replace('--seed 0', '--seed 1'))
+    assert matched_table(tmp_path).splitlines()[2:] == []  # another seed: not a matched pair
+
+
+def test_learning_curves_from_run_logs(tmp_path):
+    """The learning-curve table reads each run's summary.csv and the validation size from its command."""
+    from timm_odevit.hub.table import learning_curves
+    run = tmp_path / 'dense_vit_tiny_patch4_32.fmnist'
+    run.mkdir()
+    (run / 'command.txt').write_text('python -m timm_odevit.train --model dense_vit_tiny_patch4_32 --val-samples 500\n')
+    (run / 'summary.csv').write_text('epoch,train_loss,eval_top1,eval_ema_top1\n0,1.5,61.26,20.0\n1,1.1,70.04,44.96\n')
+    (tmp_path / 'empty').mkdir()  # a folder without a summary is not a run
+    assert learning_curves(tmp_path).splitlines()[2:] == ['| `dense_vit_tiny_patch4_32.fmnist` | 500 | 61.3, 70.0 | 45.0 |']

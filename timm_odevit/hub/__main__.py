@@ -68,8 +68,11 @@ def main(argv: Optional[List[str]] = None) -> int:
     ev.add_argument('--data', default='sample', help="'sample', 'full' or a folder of IDX files")
     ev.add_argument('--solver', default=None, help="ODE models: 'method:steps', e.g. euler:23 or rk4:6")
 
-    t = sub.add_parser('table', help="the README's Markdown table of published weights, from the model cards")
+    t = sub.add_parser('table', help='Markdown tables from the model cards and the training logs: the published '
+                       'weights, SSoG minus dense for pairs trained alike (matched), validation top-1 per epoch (curves)')
+    t.add_argument('--kind', choices=('weights', 'matched', 'curves'), default='weights')
     t.add_argument('--root', default='weights')
+    t.add_argument('--logs', default='results/weights', help='--kind curves: the folder of training runs')
 
     d = sub.add_parser('demo', help='load a pretrained model through an in-process mirror and classify the sample')
     d.add_argument('--model', default=None)
@@ -111,8 +114,10 @@ def main(argv: Optional[List[str]] = None) -> int:
         solver = f' with {a.solver}' if a.solver else ''
         print(f'{a.folder} on {a.data}{solver}: top-1 {r["top1"]:.2f}% ({r["correct"]}/{r["n"]})')
     elif a.cmd == 'table':
-        from .table import weights_table
-        print(weights_table(Path(a.root)), end='')
+        from .table import learning_curves, matched_table, weights_table
+        tables = {'weights': lambda: weights_table(Path(a.root)), 'matched': lambda: matched_table(Path(a.root)),
+                  'curves': lambda: learning_curves(Path(a.logs))}
+        print(tables[a.kind](), end='')
     elif a.cmd == 'demo':
         from .demo import main as demo_main
         return demo_main(model=a.model, root=a.root)

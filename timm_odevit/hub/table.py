@@ -1,11 +1,19 @@
-"""The README's table of published weights, read from the model cards (one source of truth: the cards)."""
+"""The tables of published weights, read from the model cards (one source of truth: the cards) and the committed
+training logs: the README's weights table, the matched SSoG-minus-dense comparison, and the learning curves."""
+import csv
 import re
+import shlex
 from pathlib import Path
-from typing import Dict, List
+from typing import Dict, List, Optional
 
 from . import CARD_FILE
 
-__all__ = ['card_facts', 'training_budget', 'weights_table']
+__all__ = ['card_command', 'card_facts', 'learning_curves', 'matched_table', 'training_budget', 'weights_table']
+
+# top-1 gain of SSoG over its dense twin (points) that the papers report: the brief's SSoG abstract (CIFAR-100,
+# 224 px) for the fixed kernels, 4rtemi5/ssog's ImageNet-1k table for the steered ones (widths 256 and 384)
+PAPER_GAIN = {'discrete': '+2.2 to +4.1', 'looped': '+5.4 to +8.1', 'ode': '+2.2 to +4.1',
+              'steered': '+0.2 to +0.9'}
 
 _FIELDS = {
     'params': r'\*\*Params \(M\):\*\* ([\d.]+)',
@@ -51,4 +59,55 @@ def weights_table(root: Path) -> str:
         f = card_facts(repo)
         lines.append(f'| `{repo.name}` | {f["image"]} | {f["params"]} | {f["gmacs"]} | {training_budget(repo)} | '
                      f'{f["sample"]}% | {f["test"]}% |')
+    return '\n'.join(lines) + '\n'
+
+
+def card_command(repo_dir: Path) -> Optional[str]:
+    """The command that trained a one-stage weight, as its card states it (None for a multi-stage card)."""
+    card = (Path(repo_dir) / CARD_FILE).read_text(encoding='utf-8')
+    commands = re.findall(r'command: `([^`]+)`', card)
+    return commands[0] if len(commands) == 1 else None
+
+
+def _same_recipe(a: Optional[str], b: Optional[str], arch_a: str, arch_b: str) -> bool:
+    return a is not None and b is not None and a.replace(arch_a, '@') == b.replace(arch_b, '@')
+
+
+def matched_table(root: Path) -> str:
+    """Markdown: SSoG minus its dense twin, one row per SSoG weight whose twin is published under the same tag and
+    was trained by the same command (the model name aside); pairs with other recipes are left out, not compared."""
+    from ..models.families import family_of
+    lines = ['| setting | SSoG weights | top-1 SSoG | dense twin | top-1 dense | SSoG minus dense (points) | '
+             'paper gain | training images seen |', '|---|---|---:|---|---:|---:|---:|---|']
+    for repo in sorted(p for p in Path(root).iterdir() if p.is_dir()):
+        arch, _, tag = repo.name.partition('.')
+        family = family_of(arch)
+        if not family.is_ssog:
+            continue
+        twin_arch = family.twin + arch[len(family.name):]
+        twin = Path(root) / f'{twin_arch}.{tag}'
+        if not twin.is_dir() or not _same_recipe(card_command(repo), card_command(twin), arch, twin_arch):
+            continue
+        s, d = float(card_facts(repo)['test']), float(card_facts(twin)['test'])
+        setting = 'steered' if family.steer else family.depth
+        lines.append(f'| {setting} | `{repo.name}` | {s:.2f}% | `{twin.name}` | {d:.2f}% | {s - d:+.2f} | '
+                     f'{PAPER_GAIN[setting]} | {training_budget(repo)} |')
+    return '\n'.join(lines) + '\n'
+
+
+def learning_curves(logs: Path) -> str:
+    """Markdown: validation top-1 after each epoch of every run of the training command under ``logs`` (its
+    ``summary.csv``), with the EMA weights' top-1 after the last epoch where the run kept an EMA."""
+    from ..train import parse_args
+    lines = ['| run | validation images | top-1 after each epoch | EMA after the last |', '|---|---:|---|---:|']
+    for run in sorted(p for p in Path(logs).iterdir() if (p / 'summary.csv').is_file()):
+        with open(run / 'summary.csv', newline='') as f:
+            rows = list(csv.DictReader(f))
+        if not rows:
+            continue
+        first = (run / 'command.txt').read_text().splitlines()[0]
+        val = parse_args(shlex.split(first)[3:]).val_samples
+        ema = rows[-1].get('eval_ema_top1') or ''
+        curve = ', '.join(f'{float(r["eval_top1"]):.1f}' for r in rows)
+        lines.append(f'| `{run.name}` | {val or "all"} | {curve} | {f"{float(ema):.1f}" if ema else "-"} |')
     return '\n'.join(lines) + '\n'

@@ -5,7 +5,7 @@ The zoo table, the benchmark, the study and the recipes all read this table inst
 from dataclasses import dataclass
 from typing import Dict, Optional, Tuple
 
-__all__ = ['Family', 'FAMILIES', 'SETTINGS', 'SIZES', 'model_name']
+__all__ = ['Family', 'FAMILIES', 'SETTINGS', 'SIZES', 'family_of', 'model_name']
 
 
 @dataclass(frozen=True)
@@ -45,3 +45,12 @@ def model_name(family: str, size: str, small_image: bool = False) -> str:
     if size not in SIZES:
         raise ValueError(f'Unknown size {size!r}; choose one of {list(SIZES)}.')
     return f'{family}_{size}' + ('_patch4_32' if small_image else '')
+
+
+def family_of(arch: str) -> Family:
+    """The family of a registered name: ``ssog_vit_steer_tiny_patch4_32`` -> ``ssog_vit_steer`` (ValueError if none)."""
+    # the longest family name that prefixes the arch: ssog_vit_steer_* before ssog_vit_*
+    for name in sorted(FAMILIES, key=len, reverse=True):
+        if arch.startswith(name + '_'):
+            return FAMILIES[name]
+    raise ValueError(f'{arch!r} names no family of this package; families: {list(FAMILIES)}.')
