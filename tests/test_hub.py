@@ -523,4 +523,5 @@ def test_learning_curves_from_run_logs(tmp_path):
     (run / 'command.txt').write_text('python -m timm_odevit.train --model dense_vit_tiny_patch4_32 --val-samples 500\n')
     (run / 'summary.csv').write_text('epoch,train_loss,eval_top1,eval_ema_top1\n0,1.5,61.26,20.0\n1,1.1,70.04,44.96\n')
     (tmp_path / 'empty').mkdir()  # a folder without a summary is not a run
-    assert learning_curves(tmp_path).splitlines()[2:] == ['| `dense_vit_tiny_patch4_32.fmnist` | 500 | 61.3, 70.0 | 45.0 |']
+    want = '| `dense_vit_tiny_patch4_32.fmnist` | 500 | 61.3, 70.0 | 45.0 |'
+    assert learning_curves(tmp_path).splitlines()[2:] == [want]

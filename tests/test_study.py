@@ -162,6 +162,22 @@ def test_guidance_runs_pair_the_arms_seed_major():
         guidance_setup('odevit_tiny_patch4_32', ' ')
 
 
+def test_guidance_train_options_reach_both_arms():
+    """--train-options (e.g. the published weights' augmentation and EMA) go to both arms; options that the recipe,
+    the runner or the guided arm owns are refused, abbreviated or not."""
+    setup = guidance_setup(**GUIDANCE, train_options='--augment --smoothing 0.1 --model-ema')
+    for run in guidance_runs(setup, (0,)):
+        cmd = train_command(Path('root'), run, TINY)
+        assert '--augment' in cmd and cmd[cmd.index('--smoothing') + 1] == '0.1' and '--model-ema' in cmd
+    assert 'train_options' not in guidance_setup(**GUIDANCE)  # a study.json written without them still matches
+    for bad, name in (('--epochs 3', 'epochs'), ('--epo 3', 'epochs'), ('--seed 1', 'seed'),
+                      ('--state-norm cosine', 'state_norm'), ('--teacher dense_vit_tiny', 'teacher')):
+        with pytest.raises(ValueError, match=f"sets \\['{name}'\\]"):
+            guidance_setup(**GUIDANCE, train_options=bad)
+    with pytest.raises(ValueError, match='not an option list'):
+        guidance_setup(**GUIDANCE, train_options='--no-such-option')
+
+
 @pytest.fixture(scope='module')
 def guidance(idx_folder, tmp_path_factory):
     """Scratch and guided (a random 2-block teacher) for 2 seeds, 2 epochs on 48 images, as subprocesses."""

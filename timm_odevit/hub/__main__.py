@@ -69,7 +69,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     ev.add_argument('--solver', default=None, help="ODE models: 'method:steps', e.g. euler:23 or rk4:6")
 
     t = sub.add_parser('table', help='Markdown tables from the model cards and the training logs: the published '
-                       'weights, SSoG minus dense for pairs trained alike (matched), validation top-1 per epoch (curves)')
+                                     'weights, SSoG minus dense for pairs trained alike (matched), validation top-1 '
+                                     'per epoch (curves)')
     t.add_argument('--kind', choices=('weights', 'matched', 'curves'), default='weights')
     t.add_argument('--root', default='weights')
     t.add_argument('--logs', default='results/weights', help='--kind curves: the folder of training runs')

@@ -65,6 +65,9 @@ def main(argv: Optional[List[str]] = None) -> int:
                          "--teacher-checkpoint weights/dense_vit_tiny_patch4_32.fmnist/model.safetensors "
                          "--teacher-kwargs in_chans=1'")
     gd.add_argument('--guide', default='', help="further options of the guided arm, e.g. '--state-norm layernorm'")
+    gd.add_argument('--train-options', default='',
+                    help="further training options of both arms, e.g. the published weights' recipe '--augment "
+                         "--smoothing 0.1 --model-ema --model-ema-decay 0.999 --torchcompile'")
     gr = sub.add_parser('guidance-report', help='scratch vs guided: top-1 and the trajectory against the teacher')
     gr.add_argument('--out-dir', default=DEFAULT_GUIDANCE_OUT)
     gr.add_argument('--test-samples', type=int, default=256, help='first n test images for the trajectory')
@@ -77,7 +80,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         setup = None
         if a.cmd == 'guidance':
             from .guidance import guidance_runs, guidance_setup
-            setup = guidance_setup(a.student, a.teacher, a.guide, a.model_kwargs)
+            setup = guidance_setup(a.student, a.teacher, a.guide, a.model_kwargs, a.train_options)
             runs = guidance_runs(setup, a.seeds)
         else:
             runs = study_runs(a.seeds, a.settings)

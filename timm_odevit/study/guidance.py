@@ -13,13 +13,14 @@ import csv
 import json
 import shlex
 import statistics
+from dataclasses import fields
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
 import torch
 
 from .report import mean_sd
-from .runs import Run
+from .runs import RUN_OPTIONS, Run, StudyRecipe
 
 __all__ = ['ARMS', 'PAPER_GUIDANCE_GAIN', 'guidance_setup', 'guidance_runs', 'write_guidance_report']
 
@@ -30,21 +31,44 @@ PAPER_GUIDANCE_GAIN = 10.0
 TRAJECTORY_NORM = 'cosine'
 
 
-def guidance_setup(student: str, teacher: str, guide: str = '', model_kwargs: Sequence[str] = ()) -> Dict[str, Any]:
+def guidance_setup(student: str, teacher: str, guide: str = '', model_kwargs: Sequence[str] = (),
+                   train_options: str = '') -> Dict[str, Any]:
     """What the runs of one comparison share besides the recipe: the student, its model kwargs, the teacher
     options of the guided arm (``teacher``: the training command's ``--teacher ...`` options as one string, e.g.
-    ``'dense_vit_tiny_patch4_32 --teacher-checkpoint weights/.../model.safetensors'``) and further guided-arm
-    options (``guide``, e.g. ``'--state-norm layernorm'``)."""
+    ``'dense_vit_tiny_patch4_32 --teacher-checkpoint weights/.../model.safetensors'``), further guided-arm
+    options (``guide``, e.g. ``'--state-norm layernorm'``) and training options of both arms beyond the recipe
+    (``train_options``, e.g. ``'--augment --smoothing 0.1 --model-ema --torchcompile'``: the published weights'
+    recipe). Options that the recipe, the runner or an arm sets are refused in ``train_options``."""
     if not teacher.strip():
         raise ValueError('A guidance comparison needs a teacher (the --teacher value of the training command).')
-    return {'student': student, 'model_kwargs': list(model_kwargs), 'teacher': teacher, 'guide': guide}
+    setup = {'student': student, 'model_kwargs': list(model_kwargs), 'teacher': teacher, 'guide': guide}
+    if train_options.strip():
+        _check_train_options(train_options)
+        setup['train_options'] = train_options  # only when given: a study.json written before keeps matching
+    return setup
+
+
+def _check_train_options(options: str) -> None:
+    from ..train.command import distillation_options, parse_args
+    base = ['--model', 'x']
+    try:
+        given = vars(parse_args(base + shlex.split(options)))
+    except SystemExit as e:  # argparse has printed what is wrong
+        raise ValueError(f'--train-options {options!r} is not an option list of python -m timm_odevit.train.') from e
+    # resolved through the parser, so an abbreviation (--epo 3) is caught as well
+    changed = {k for k, v in vars(parse_args(base)).items() if given[k] != v}
+    taken = changed & ({f.name for f in fields(StudyRecipe)} | set(RUN_OPTIONS) | set(distillation_options()))
+    if taken:
+        raise ValueError(f'--train-options {options!r} sets {sorted(taken)}, which the recipe, the runner or an arm '
+                         'sets: give recipe fields as their own options, teacher options in --teacher / --guide.')
 
 
 def guidance_runs(setup: Dict[str, Any], seeds: Sequence[int] = (0, 1)) -> List[Run]:
     """Seed-major: both arms of a seed before the next seed, so a comparison cut short keeps complete pairs."""
+    shared = tuple(shlex.split(setup.get('train_options', '')))
     guided = ('--teacher', *shlex.split(setup['teacher']), *shlex.split(setup['guide']))
     return [Run('guidance', setup['student'], seed, tuple(setup['model_kwargs']), arm,
-                guided if arm == 'guided' else ())
+                shared + (guided if arm == 'guided' else ()))
             for seed in seeds for arm in ARMS]
 
 
@@ -129,9 +153,11 @@ def write_guidance_report(root: Path, test_samples: int = 256, data_dir: Optiona
     for arm in ARMS:
         per_seed = list(traj['gaps'][arm].values())
         lines.append(f'| {arm} | ' + ' | '.join(f'{statistics.mean(col):.3f}' for col in zip(*per_seed)) + ' |')
+    shared = f'; both arms\' further options: `{setup["train_options"]}`' if setup.get('train_options') else ''
     lines += ['', f'Final-epoch top-1 on {recipe.get("val_samples", "?")} Fashion-MNIST test images, mean ± sample SD '
                   f'over seeds; gain = guided minus scratch, paired by seed ({gain:+.2f} points). Recipe: {recipe}; '
-                  f'model kwargs: {setup.get("model_kwargs")}; guided-arm options: `{setup.get("guide") or "-"}`.']
+                  f'model kwargs: {setup.get("model_kwargs")}; '
+                  f'guided-arm options: `{setup.get("guide") or "-"}`{shared}.']
     table = '\n'.join(lines) + '\n'
     (root / 'guidance.md').write_text(table)
     return table

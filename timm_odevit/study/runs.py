@@ -17,7 +17,8 @@ from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 from ..models.families import SETTINGS as FAMILY_SETTINGS, model_name
 
-__all__ = ['SETTINGS', 'StudyRecipe', 'Run', 'study_runs', 'run_dir', 'is_done', 'train_command', 'run_study']
+__all__ = ['RUN_OPTIONS', 'SETTINGS', 'StudyRecipe', 'Run', 'study_runs', 'run_dir', 'is_done', 'train_command',
+           'run_study']
 
 _logger = logging.getLogger(__name__)
 
@@ -30,6 +31,10 @@ SETTINGS: Dict[str, Tuple[str, str, Dict[str, Any]]] = {
             STUDY_KWARGS.get(depth, {}))
     for depth, (ssog, dense) in FAMILY_SETTINGS.items()
 }
+
+
+# options of the training command that train_command sets for every run (besides the recipe's fields)
+RUN_OPTIONS = ('model', 'seed', 'output', 'experiment', 'log_interval', 'model_kwargs', 'data_dir', 'resume')
 
 
 @dataclass(frozen=True)

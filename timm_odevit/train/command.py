@@ -40,7 +40,7 @@ from ..distill import LOSS_KEYS, STATE_NORMS, TrajectoryDistillationTask, indice
 from ..evaluate import evaluate
 from .checkpoint import checkpoint_args, read_checkpoint
 
-__all__ = ['parse_args', 'build_task', 'format_command', 'main', 'PROG']
+__all__ = ['parse_args', 'build_task', 'distillation_options', 'format_command', 'main', 'PROG']
 
 _logger = logging.getLogger('timm_odevit.train')
 _console_logging = False
@@ -139,6 +139,13 @@ def _parser() -> argparse.ArgumentParser:
     g.add_argument('--device', default='cuda' if torch.cuda.is_available() else 'cpu')
     g.add_argument('--log-interval', type=int, default=50)
     return p
+
+
+def distillation_options() -> Tuple[str, ...]:
+    """The option names (dests) that mean something only with ``--teacher``: the parser's distillation group."""
+    # argparse exposes no public list of a group's options
+    group = next(g for g in _parser()._action_groups if g.title.startswith('distillation'))
+    return tuple(a.dest for a in group._group_actions)
 
 
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
