@@ -525,3 +525,21 @@ def test_learning_curves_from_run_logs(tmp_path):
     (tmp_path / 'empty').mkdir()  # a folder without a summary is not a run
     want = '| `dense_vit_tiny_patch4_32.fmnist` | 500 | 61.3, 70.0 | 45.0 |'
     assert learning_curves(tmp_path).splitlines()[2:] == [want]
+
+
+def test_elasticity_of_published_ode_weights(tmp_path):
+    """hub elasticity solves every published ODE weight (loaded with local-dir:, as timm does) at each solver and
+    leaves the discrete weights out; NFE follows the method (RK4: 4 evaluations a step)."""
+    from timm_odevit.hub.export import export
+    from timm_odevit.study.elasticity import write_weights_elasticity
+    root = tmp_path / 'weights'
+    for arch in ('odevit_tiny_patch4_32', 'dense_vit_tiny_patch4_32'):
+        export(timm.create_model(arch, num_classes=10, in_chans=1, depth=2), arch, 'fmnist', str(root))
+    table = write_weights_elasticity(root, tmp_path / 'out', ['euler:3', 'rk4:2'], test_samples=16,
+                                     data_dir=str(fm.SAMPLE_DIR))
+    rows = (tmp_path / 'out' / 'elasticity.csv').read_text().splitlines()
+    assert rows[0] == 'model,seed,method,steps,nfe,top1' and len(rows) == 3
+    assert [r.split(',')[:5] for r in rows[1:]] == [['odevit_tiny_patch4_32.fmnist', '', 'euler', '3', '3'],
+                                                     ['odevit_tiny_patch4_32.fmnist', '', 'rk4', '2', '8']]
+    assert '| NFE | | 3 | 8 |' in table and 'first 16 Fashion-MNIST' in table
+    assert (tmp_path / 'out' / 'elasticity.png').is_file()

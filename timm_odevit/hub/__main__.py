@@ -1,4 +1,4 @@
-"""``python -m timm_odevit.hub``: export, manifest, verify, push, serve, evaluate, table, demo."""
+"""``python -m timm_odevit.hub``: export, manifest, verify, push, serve, evaluate, table, elasticity, demo."""
 import argparse
 import json
 import logging
@@ -75,6 +75,14 @@ def main(argv: Optional[List[str]] = None) -> int:
     t.add_argument('--root', default='weights')
     t.add_argument('--logs', default='results/weights', help='--kind curves: the folder of training runs')
 
+    el = sub.add_parser('elasticity', help='top-1 of every published ODE weight under other solvers and step counts')
+    el.add_argument('--root', default='weights')
+    el.add_argument('--out-dir', default='results/weights', help='where elasticity.md, .csv and .png go')
+    el.add_argument('--test-samples', type=int, default=2000, help='first n Fashion-MNIST test images')
+    el.add_argument('--data-dir', default=None, help="Fashion-MNIST IDX files (default: Debian's package)")
+    el.add_argument('--solvers', nargs='+', default=None,
+                    help='method:steps (default: euler at 3, 6, 12, 23 and 24 steps, rk4 at 3 and 6)')
+
     d = sub.add_parser('demo', help='load a pretrained model through an in-process mirror and classify the sample')
     d.add_argument('--model', default=None)
     d.add_argument('--root', default=None)
@@ -119,6 +127,10 @@ def main(argv: Optional[List[str]] = None) -> int:
         tables = {'weights': lambda: weights_table(Path(a.root)), 'matched': lambda: matched_table(Path(a.root)),
                   'curves': lambda: learning_curves(Path(a.logs))}
         print(tables[a.kind](), end='')
+    elif a.cmd == 'elasticity':
+        from ..study.elasticity import ELASTICITY_SOLVERS, write_weights_elasticity
+        print(write_weights_elasticity(Path(a.root), Path(a.out_dir), a.solvers or ELASTICITY_SOLVERS, a.test_samples,
+                                       a.data_dir), end='')
     elif a.cmd == 'demo':
         from .demo import main as demo_main
         return demo_main(model=a.model, root=a.root)

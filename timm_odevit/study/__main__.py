@@ -44,8 +44,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     el = sub.add_parser('elasticity', help='top-1 of the trained ODE models under other solvers and step counts')
     el.add_argument('--out-dir', default=DEFAULT_OUT)
     el.add_argument('--test-samples', type=int, default=2000, help='first n Fashion-MNIST test images')
-    el.add_argument('--solvers', nargs='+', default=['euler:3', 'euler:6', 'euler:12', 'euler:23', 'euler:24',
-                                                     'rk4:3', 'rk4:6'], help='method:steps')
+    el.add_argument('--solvers', nargs='+', default=None,
+                    help='method:steps (default: euler at 3, 6, 12, 23 and 24 steps, rk4 at 3 and 6)')
     ex = sub.add_parser('export', help='export the best run of each family to weights/<arch>.<tag> (one run folder: '
                                        'python -m timm_odevit.hub export <run>/last.pth.tar)')
     ex.add_argument('--out-dir', default=DEFAULT_OUT)
@@ -99,8 +99,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         print(write_report(Path(a.out_dir)))
         return 0
     if a.cmd == 'elasticity':
-        from .elasticity import write_elasticity
-        print(write_elasticity(Path(a.out_dir), a.solvers, a.test_samples))
+        from .elasticity import ELASTICITY_SOLVERS, write_elasticity
+        print(write_elasticity(Path(a.out_dir), a.solvers or ELASTICITY_SOLVERS, a.test_samples))
         return 0
     if a.cmd == 'export':
         import json

@@ -1,71 +1,109 @@
-"""Step-count elasticity: the study's trained ODE models solved with other methods and step counts (the same
-interval), top-1 against the number of field evaluations (NFE) per image; elasticity.csv and elasticity.png."""
+"""Step-count elasticity: trained ODE models solved with other methods and step counts (the same interval), top-1
+against the number of field evaluations (NFE) per image; elasticity.csv, elasticity.png and elasticity.md. The
+models are the study's ODE runs (``write_elasticity``) or the published ODE weights (``write_weights_elasticity``)."""
 import csv
 from pathlib import Path
-from typing import Dict, List, Sequence
+from typing import Dict, Iterable, List, Optional, Sequence, Tuple
+
+from torch import nn
 
 from ..evaluate import evaluate, parse_solver
 from .runs import SETTINGS
 
-__all__ = ['write_elasticity']
+__all__ = ['ELASTICITY_SOLVERS', 'write_elasticity', 'write_weights_elasticity']
+
+# coarser and finer than the registered 12 Euler steps, ODE-ViT's 23-step training grid and its 24 points, and RK4
+ELASTICITY_SOLVERS = ('euler:3', 'euler:6', 'euler:12', 'euler:23', 'euler:24', 'rk4:3', 'rk4:6')
 
 
 def write_elasticity(root: Path, solvers: Sequence[str], test_samples: int = 2000) -> str:
     """Evaluate every finished ODE run of the study under each ``solvers`` entry; returns a Markdown table."""
-    from .. import data as fm
     from ..models.pretrained import FMNIST_CFG
     from ..train import model_from_checkpoint
     root = Path(root)
+
+    def models() -> Iterable[Tuple[str, str, nn.Module]]:
+        for arch in SETTINGS['ode'][:2]:
+            for run_path in sorted((root / 'runs').glob(f'{arch}-seed*')):
+                if (run_path / 'results.json').is_file():
+                    yield (arch, run_path.name.rsplit('seed', 1)[1],
+                           model_from_checkpoint(str(run_path / 'last.pth.tar'), pretrained_cfg=FMNIST_CFG))
+    title = f'trained with {", ".join(SETTINGS["ode"][2]) or "the default grid"}'
+    return _write(models(), solvers, test_samples, None, root, title,
+                  f'No finished ODE runs under {root / "runs"}: run `python -m timm_odevit.study run`.')
+
+
+def write_weights_elasticity(root: Path, out_dir: Path, solvers: Sequence[str], test_samples: int = 2000,
+                             data_dir: Optional[str] = None) -> str:
+    """Evaluate every published ODE weight under ``root`` (``<arch>.<tag>`` folders, loaded as timm loads them, with
+    ``local-dir:``) under each ``solvers`` entry, on the first ``test_samples`` test images; writes under
+    ``out_dir`` and returns a Markdown table."""
+    import timm
+    import timm_odevit  # noqa: F401  (registers the architectures config.json names)
+    from ..models.families import family_of
+    folders = [p for p in sorted(Path(root).iterdir())
+               if p.is_dir() and family_of(p.name.partition('.')[0]).depth == 'ode']
+
+    def models() -> Iterable[Tuple[str, str, nn.Module]]:
+        for folder in folders:
+            yield folder.name, '', timm.create_model(f'local-dir:{folder.resolve()}', pretrained=True)
+    Path(out_dir).mkdir(parents=True, exist_ok=True)
+    return _write(models(), solvers, test_samples, data_dir, Path(out_dir), 'published weights',
+                  f'No ODE weights under {root}: export one with python -m timm_odevit.hub export.')
+
+
+def _write(models: Iterable[Tuple[str, str, nn.Module]], solvers: Sequence[str], test_samples: int,
+           data_dir: Optional[str], out: Path, title: str, none_found: str) -> str:
+    from .. import data as fm
     parsed = [parse_solver(s) for s in solvers]
     rows: List[Dict[str, object]] = []
-    x = y = None
-    for arch in SETTINGS['ode'][:2]:
-        for run_path in sorted((root / 'runs').glob(f'{arch}-seed*')):
-            if not (run_path / 'results.json').is_file():
-                continue
-            model = model_from_checkpoint(str(run_path / 'last.pth.tar'), pretrained_cfg=FMNIST_CFG)
-            if x is None:
-                x, y = fm.load_tensors(None, 'test', model=model, limit=test_samples)
-            for method, steps in parsed:
-                model.trunk.set_solver(method=method, steps=steps)
-                r = evaluate(model, (x, y))
-                rows.append({'arch': arch, 'seed': int(run_path.name.rsplit('seed', 1)[1]), 'method': method,
-                             'steps': steps, 'nfe': round(r['nfe']), 'top1': round(r['top1'], 2)})
+    images: Dict[Tuple[int, ...], Tuple] = {}  # test images per input size: weights differ in size
+    for label, seed, model in models:
+        size = tuple(model.pretrained_cfg['input_size'])
+        if size not in images:
+            images[size] = fm.load_tensors(data_dir, 'test', model=model, limit=test_samples)
+        for method, steps in parsed:
+            model.trunk.set_solver(method=method, steps=steps)
+            r = evaluate(model, images[size])
+            rows.append({'model': label, 'seed': seed, 'method': method, 'steps': steps,
+                         'nfe': round(r['nfe']), 'top1': round(r['top1'], 2)})
     if not rows:
-        raise FileNotFoundError(f'No finished ODE runs under {root / "runs"}: run `python -m timm_odevit.study run`.')
-    with open(root / 'elasticity.csv', 'w', newline='') as f:
+        raise FileNotFoundError(none_found)
+    with open(out / 'elasticity.csv', 'w', newline='') as f:
         w = csv.DictWriter(f, fieldnames=list(rows[0]))
         w.writeheader()
         w.writerows(rows)
-    _plot(rows, root / 'elasticity.png', len(x))
+    n = len(next(iter(images.values()))[1])
+    _plot(rows, out / 'elasticity.png', n, title)
     head = '| model | seed | ' + ' | '.join(f'{m} {s}' for m, s in parsed) + ' |'
     lines = [head, '|---|---:|' + '---:|' * len(parsed), '| NFE | | ' + ' | '.join(
         str(next(r['nfe'] for r in rows if (r['method'], r['steps']) == ms)) for ms in parsed) + ' |']
-    for arch, seed in dict.fromkeys((r['arch'], r['seed']) for r in rows):
-        vals = {(r['method'], r['steps']): r['top1'] for r in rows if (r['arch'], r['seed']) == (arch, seed)}
-        lines.append(f'| `{arch}` | {seed} | ' + ' | '.join(f'{vals[ms]:.2f}' for ms in parsed) + ' |')
-    table = '\n'.join(lines) + f'\n\nTop-1 (%) on the first {len(x)} Fashion-MNIST test images.\n'
-    (root / 'elasticity.md').write_text(table)
+    for model, seed in dict.fromkeys((r['model'], r['seed']) for r in rows):
+        vals = {(r['method'], r['steps']): r['top1'] for r in rows if (r['model'], r['seed']) == (model, seed)}
+        lines.append(f'| `{model}` | {seed} | ' + ' | '.join(f'{vals[ms]:.2f}' for ms in parsed) + ' |')
+    table = '\n'.join(lines) + f'\n\nTop-1 (%) on the first {n} Fashion-MNIST test images.\n'
+    (out / 'elasticity.md').write_text(table)
     return table
 
 
-def _plot(rows: List[Dict[str, object]], path: Path, n: int) -> None:
+def _plot(rows: List[Dict[str, object]], path: Path, n: int, title: str) -> None:
     import matplotlib
     matplotlib.use('Agg')
     import matplotlib.pyplot as plt
     fig, ax = plt.subplots(figsize=(6, 4))
     styles = {'euler': 'o-', 'rk4': 's--'}
-    for arch, seed in dict.fromkeys((r['arch'], r['seed']) for r in rows):
+    for model, seed in dict.fromkeys((r['model'], r['seed']) for r in rows):
         for method in dict.fromkeys(r['method'] for r in rows):
             pts = sorted((r['nfe'], r['top1']) for r in rows
-                         if (r['arch'], r['seed'], r['method']) == (arch, seed, method))
+                         if (r['model'], r['seed'], r['method']) == (model, seed, method))
             if pts:
-                ax.plot(*zip(*pts), styles.get(method, 'x:'), color='tab:red' if 'ssog' in arch else 'tab:blue',
-                        alpha=1. if seed == 0 else .55, label=f'{arch.split("_")[0]} s{seed} {method}')
+                name = f'{model.split("_")[0]} s{seed}' if seed != '' else model
+                ax.plot(*zip(*pts), styles.get(method, 'x:'), color='tab:red' if 'ssog' in model else 'tab:blue',
+                        alpha=.55 if seed not in ('', '0') else 1., label=f'{name} {method}')
     ax.set_xscale('log', base=2)
     ax.set_xlabel('field evaluations per image (NFE)')
     ax.set_ylabel(f'top-1 (%), {n} test images')
-    ax.set_title(f'Step-count elasticity (trained with {", ".join(SETTINGS["ode"][2]) or "the default grid"})')
+    ax.set_title(f'Step-count elasticity ({title})')
     ax.grid(alpha=.3)
     ax.legend(fontsize=7, ncol=2)
     fig.tight_layout()
