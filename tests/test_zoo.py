@@ -38,7 +38,6 @@ def test_no_name_collides_with_timm():
     assert not ours & timm_names
 
 
-
 def test_every_registered_name_has_its_family():
     """family_of reads a registered name back to its family: the longest family name first (ssog_vit_steer)."""
     from timm_odevit.models.families import family_of
@@ -48,6 +47,8 @@ def test_every_registered_name_has_its_family():
             f != family.name and f.startswith(family.name) and name.startswith(f + '_') for f in FAMILIES), name
     with pytest.raises(ValueError, match='names no family'):
         family_of('vit_tiny_patch16_224')
+
+
 @pytest.mark.parametrize('ssog,dense', [('ssog_vit', 'dense_vit'), ('looped_ssog', 'looped_vit'),
                                         ('ssog_ode', 'odevit')])
 def test_twins_differ_only_in_mixer(ssog, dense):

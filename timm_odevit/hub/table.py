@@ -10,11 +10,6 @@ from . import CARD_FILE
 
 __all__ = ['card_command', 'card_facts', 'learning_curves', 'matched_table', 'training_budget', 'weights_table']
 
-# top-1 gain of SSoG over its dense twin (points) that the papers report: the brief's SSoG abstract (CIFAR-100,
-# 224 px) for the fixed kernels, 4rtemi5/ssog's ImageNet-1k table for the steered ones (widths 256 and 384)
-PAPER_GAIN = {'discrete': '+2.2 to +4.1', 'looped': '+5.4 to +8.1', 'ode': '+2.2 to +4.1',
-              'steered': '+0.2 to +0.9'}
-
 _FIELDS = {
     'params': r'\*\*Params \(M\):\*\* ([\d.]+)',
     'gmacs': r'\*\*GMACs:\*\* ([\d.]+)',
@@ -77,6 +72,7 @@ def matched_table(root: Path) -> str:
     """Markdown: SSoG minus its dense twin, one row per SSoG weight whose twin is published under the same tag and
     was trained by the same command (the model name aside); pairs with other recipes are left out, not compared."""
     from ..models.families import family_of
+    from ..study.report import PAPER_GAIN
     lines = ['| setting | SSoG weights | top-1 SSoG | dense twin | top-1 dense | SSoG minus dense (points) | '
              'paper gain | training images seen |', '|---|---|---:|---|---:|---:|---:|---|']
     for repo in sorted(p for p in Path(root).iterdir() if p.is_dir()):
@@ -90,8 +86,9 @@ def matched_table(root: Path) -> str:
             continue
         s, d = float(card_facts(repo)['test']), float(card_facts(twin)['test'])
         setting = 'steered' if family.steer else family.depth
+        lo, hi = PAPER_GAIN[setting]
         lines.append(f'| {setting} | `{repo.name}` | {s:.2f}% | `{twin.name}` | {d:.2f}% | {s - d:+.2f} | '
-                     f'{PAPER_GAIN[setting]} | {training_budget(repo)} |')
+                     f'+{lo} to +{hi} | {training_budget(repo)} |')
     return '\n'.join(lines) + '\n'
 
 
