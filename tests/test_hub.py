@@ -516,11 +516,14 @@ def test_matched_table_pairs_only_same_recipe(tmp_path):
 
 
 def test_learning_curves_from_run_logs(tmp_path):
-    """The learning-curve table reads each run's summary.csv and the validation size from its command."""
+    """The learning-curve table reads each run's summary.csv and the validation size from its command, recorded
+    wherever the run ran."""
     from timm_odevit.hub.table import learning_curves
     run = tmp_path / 'dense_vit_tiny_patch4_32.fmnist'
     run.mkdir()
-    (run / 'command.txt').write_text('python -m timm_odevit.train --model dense_vit_tiny_patch4_32 --val-samples 500\n')
+    # recorded on another machine: its data folder is not here, which must not matter for reading the command
+    (run / 'command.txt').write_text('OMP_NUM_THREADS=2 python -m timm_odevit.train --model dense_vit_tiny_patch4_32 '
+                                     f'--val-samples 500 --data-dir {tmp_path / "gone"}\n')
     (run / 'summary.csv').write_text('epoch,train_loss,eval_top1,eval_ema_top1\n0,1.5,61.26,20.0\n1,1.1,70.04,44.96\n')
     (tmp_path / 'empty').mkdir()  # a folder without a summary is not a run
     want = '| `dense_vit_tiny_patch4_32.fmnist` | 500 | 61.3, 70.0 | 45.0 |'

@@ -1,7 +1,6 @@
 """The training command (python -m timm_odevit.train), its checkpoint loader and the evaluation loop."""
 import csv
 import json
-import shlex
 
 import pytest
 import torch
@@ -10,7 +9,7 @@ import timm
 import timm_odevit  # noqa: F401
 from timm_odevit import data as fm
 from timm_odevit.evaluate import evaluate, parse_solver
-from timm_odevit.train import format_command, main, model_from_checkpoint, parse_args, read_checkpoint
+from timm_odevit.train import format_command, main, model_from_checkpoint, parse_args, read_checkpoint, recorded_args
 from timm_odevit.train.command import RUN_PLACE_OPTIONS, input_stats
 
 ARCH = 'ssog_vit_tiny_patch4_32'
@@ -118,9 +117,11 @@ def test_card_command_reparses_to_the_same_options():
                        '--lr', '2e-3', '--mean', '0.5', '--std', '0.2', '--output', 'somewhere'])
     line = format_command(vars(args), threads=2)
     assert line.startswith('OMP_NUM_THREADS=2 python -m timm_odevit.train --model ') and 'somewhere' not in line
-    again = vars(parse_args(shlex.split(line)[4:]))
-    assert {k: v for k, v in again.items() if k not in RUN_PLACE_OPTIONS} == \
-        {k: v for k, v in vars(args).items() if k not in RUN_PLACE_OPTIONS}
+    again = vars(recorded_args(line))
+    assert {k: v for k, v in again.items() if k not in {*RUN_PLACE_OPTIONS, 'trainer', 'threads'}} == \
+        {k: v for k, v in vars(args).items() if k not in {*RUN_PLACE_OPTIONS, 'trainer', 'threads'}}
+    with pytest.raises(ValueError, match='not a command of python -m timm_odevit.train'):
+        recorded_args('python train.py --model ' + ARCH)
 
 
 def test_input_stats():

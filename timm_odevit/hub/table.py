@@ -2,7 +2,6 @@
 training logs: the README's weights table, the matched SSoG-minus-dense comparison, and the learning curves."""
 import csv
 import re
-import shlex
 from pathlib import Path
 from typing import Dict, List, Optional
 
@@ -95,15 +94,14 @@ def matched_table(root: Path) -> str:
 def learning_curves(logs: Path) -> str:
     """Markdown: validation top-1 after each epoch of every run of the training command under ``logs`` (its
     ``summary.csv``), with the EMA weights' top-1 after the last epoch where the run kept an EMA."""
-    from ..train import parse_args
+    from ..train import recorded_args
     lines = ['| run | validation images | top-1 after each epoch | EMA after the last |', '|---|---:|---|---:|']
     for run in sorted(p for p in Path(logs).iterdir() if (p / 'summary.csv').is_file()):
         with open(run / 'summary.csv', newline='') as f:
             rows = list(csv.DictReader(f))
         if not rows:
             continue
-        first = (run / 'command.txt').read_text().splitlines()[0]
-        val = parse_args(shlex.split(first)[3:]).val_samples
+        val = recorded_args((run / 'command.txt').read_text().splitlines()[0]).val_samples
         ema = rows[-1].get('eval_ema_top1') or ''
         curve = ', '.join(f'{float(r["eval_top1"]):.1f}' for r in rows)
         lines.append(f'| `{run.name}` | {val or "all"} | {curve} | {f"{float(ema):.1f}" if ema else "-"} |')

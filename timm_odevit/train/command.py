@@ -40,7 +40,7 @@ from ..distill import LOSS_KEYS, STATE_NORMS, TrajectoryDistillationTask, indice
 from ..evaluate import evaluate
 from .checkpoint import checkpoint_args, read_checkpoint
 
-__all__ = ['parse_args', 'build_task', 'distillation_options', 'format_command', 'main', 'PROG']
+__all__ = ['parse_args', 'build_task', 'distillation_options', 'format_command', 'main', 'recorded_args', 'PROG']
 
 _logger = logging.getLogger('timm_odevit.train')
 _console_logging = False
@@ -169,6 +169,16 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     args.trainer = PROG
     args.threads = torch.get_num_threads()  # for the card's budget line
     return args
+
+
+def recorded_args(command: str) -> argparse.Namespace:
+    """The options of a recorded command line (a run's ``command.txt`` line, a card's command), parsed but not
+    checked: its data folder and checkpoints lived on the machine that ran it, not necessarily on this one."""
+    argv, prog = shlex.split(command), PROG.split()
+    start = next((i + len(prog) for i in range(len(argv)) if argv[i:i + len(prog)] == prog), None)
+    if start is None:
+        raise ValueError(f'not a command of {PROG}: {command!r}')
+    return _parser().parse_args(argv[start:])
 
 
 def format_command(args: Dict[str, Any], threads: Optional[int] = None) -> str:
