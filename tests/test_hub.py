@@ -515,6 +515,31 @@ def test_matched_table_pairs_only_same_recipe(tmp_path):
     assert matched_table(tmp_path).splitlines()[2:] == []  # another seed: not a matched pair
 
 
+def test_steered_table_needs_all_three_trained_alike(tmp_path):
+    """The three-way table (dense, fixed, steered) has a row only when one command trained all three weights."""
+    from timm_odevit.hub.table import card_facts, steered_table
+    for name in ('ssog_vit_tiny_patch4_32.fmnist', 'dense_vit_tiny_patch4_32.fmnist'):
+        shutil.copytree(REPO_ROOT / 'weights' / name, tmp_path / name)
+    fixed, dense = (card_facts(tmp_path / f'{n}_vit_tiny_patch4_32.fmnist') for n in ('ssog', 'dense'))
+    steered = tmp_path / 'ssog_vit_steer_tiny_patch4_32.fmnist'
+    steered.mkdir()
+    card = (tmp_path / 'ssog_vit_tiny_patch4_32.fmnist' / 'README.md').read_text()
+    card = card.replace('ssog_vit_tiny_patch4_32', 'ssog_vit_steer_tiny_patch4_32')
+    (steered / 'README.md').write_text(card.replace(f'top-1 {fixed["test"]}%', 'top-1 99.00%'))
+    rows = steered_table(tmp_path).splitlines()[2:]
+    assert len(rows) == 1, rows
+    want = (f'| discrete | `dense_vit_tiny_patch4_32.fmnist` {dense["test"]}% ({dense["params"]}M) | '
+            f'`ssog_vit_tiny_patch4_32.fmnist` {fixed["test"]}% ({fixed["params"]}M) | '
+            f'`ssog_vit_steer_tiny_patch4_32.fmnist` 99.00% ({fixed["params"]}M) | '
+            f'{99 - float(fixed["test"]):+.2f} (paper +2.0) | {99 - float(dense["test"]):+.2f} ')
+    assert rows[0].startswith(want), rows
+    (steered / 'README.md').write_text(card.replace('--seed 0', '--seed 1'))
+    assert steered_table(tmp_path).splitlines()[2:] == []  # another seed: not the same budget
+    shutil.rmtree(tmp_path / 'dense_vit_tiny_patch4_32.fmnist')
+    (steered / 'README.md').write_text(card)
+    assert steered_table(tmp_path).splitlines()[2:] == []  # no dense twin: no row
+
+
 def test_learning_curves_from_run_logs(tmp_path):
     """The learning-curve table reads each run's summary.csv and the validation size from its command, recorded
     wherever the run ran."""

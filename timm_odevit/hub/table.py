@@ -7,7 +7,8 @@ from typing import Dict, List, Optional
 
 from . import CARD_FILE
 
-__all__ = ['card_command', 'card_facts', 'learning_curves', 'matched_table', 'training_budget', 'weights_table']
+__all__ = ['card_command', 'card_facts', 'learning_curves', 'matched_table', 'steered_table', 'training_budget',
+           'weights_table']
 
 _FIELDS = {
     'params': r'\*\*Params \(M\):\*\* ([\d.]+)',
@@ -88,6 +89,36 @@ def matched_table(root: Path) -> str:
         lo, hi = PAPER_GAIN[setting]
         lines.append(f'| {setting} | `{repo.name}` | {s:.2f}% | `{twin.name}` | {d:.2f}% | {s - d:+.2f} | '
                      f'+{lo} to +{hi} | {training_budget(repo)} |')
+    return '\n'.join(lines) + '\n'
+
+
+def steered_table(root: Path) -> str:
+    """Markdown: the three-way comparison of issue 17, one row per steered SSoG weight whose fixed-kernel SSoG
+    sibling and dense twin are published under the same tag and were trained by the same command (model name aside):
+    top-1 and parameters of each, steered minus fixed and steered minus dense."""
+    from ..models.families import FAMILIES, family_of
+    from ..study.report import PAPER_GAIN, PAPER_STEER_GAIN
+    lines = ['| setting | dense twin | fixed SSoG | steered SSoG | steered minus fixed (points) | '
+             'steered minus dense (points) | training images seen |', '|---|---|---|---|---:|---:|---|']
+    for repo in sorted(p for p in Path(root).iterdir() if p.is_dir()):
+        arch, _, tag = repo.name.partition('.')
+        family = family_of(arch)
+        if not family.steer:
+            continue
+        fixed_family = next(f for f in FAMILIES.values() if f.is_ssog and not f.steer and f.depth == family.depth)
+        size = arch[len(family.name):]
+        others = {name: Path(root) / f'{name}{size}.{tag}' for name in (fixed_family.name, family.twin)}
+        if not all(o.is_dir() and _same_recipe(card_command(repo), card_command(o), arch, o.name.partition('.')[0])
+                   for o in others.values()):
+            continue
+        steered, fixed, dense = (card_facts(r) for r in (repo, *others.values()))
+        cells = [f'`{r.name}` {f["test"]}% ({f["params"]}M)' for r, f in
+                 zip((others[family.twin], others[fixed_family.name], repo), (dense, fixed, steered))]
+        top1 = float(steered['test'])
+        lo, hi = PAPER_GAIN['steered']
+        lines.append(f'| {family.depth} | {" | ".join(cells)} | {top1 - float(fixed["test"]):+.2f} (paper '
+                     f'+{PAPER_STEER_GAIN}) | {top1 - float(dense["test"]):+.2f} (paper +{lo} to +{hi}) | '
+                     f'{training_budget(repo)} |')
     return '\n'.join(lines) + '\n'
 
 
