@@ -3,8 +3,9 @@ training logs: the README's weights table, the matched SSoG-minus-dense comparis
 import csv
 import re
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Dict, Iterator, List, Optional, Tuple
 
+from ..models.families import SETTINGS, Family, family_of
 from . import CARD_FILE
 
 __all__ = ['card_command', 'card_facts', 'learning_curves', 'matched_table', 'steered_table', 'training_budget',
@@ -68,52 +69,55 @@ def _same_recipe(a: Optional[str], b: Optional[str], arch_a: str, arch_b: str) -
     return a is not None and b is not None and a.replace(arch_a, '@') == b.replace(arch_b, '@')
 
 
+def _published(root: Path) -> Iterator[Tuple[Path, Family]]:
+    """Each weights folder under ``root`` in name order, with its model's family."""
+    for repo in sorted(p for p in Path(root).iterdir() if p.is_dir()):
+        yield repo, family_of(repo.name.partition('.')[0])
+
+
+def _trained_alike(repo: Path, family: Family, *families: str) -> Optional[List[Path]]:
+    """The folders of the other ``families`` at the size and tag of ``repo`` when each is published and one command
+    (the model name aside) trained it and ``repo``; None otherwise."""
+    arch, _, tag = repo.name.partition('.')
+    size = arch[len(family.name):]
+    others = [repo.parent / f'{name}{size}.{tag}' for name in families]
+    if all(o.is_dir() and _same_recipe(card_command(repo), card_command(o), arch, name + size)
+           for o, name in zip(others, families)):
+        return others
+    return None
+
+
 def matched_table(root: Path) -> str:
     """Markdown: SSoG minus its dense twin, one row per SSoG weight whose twin is published under the same tag and
     was trained by the same command (the model name aside); pairs with other recipes are left out, not compared."""
-    from ..models.families import family_of
     from ..study.report import PAPER_GAIN
     lines = ['| setting | SSoG weights | top-1 SSoG | dense twin | top-1 dense | SSoG minus dense (points) | '
              'paper gain | training images seen |', '|---|---|---:|---|---:|---:|---:|---|']
-    for repo in sorted(p for p in Path(root).iterdir() if p.is_dir()):
-        arch, _, tag = repo.name.partition('.')
-        family = family_of(arch)
-        if not family.is_ssog:
+    for repo, family in _published(root):
+        twin = _trained_alike(repo, family, family.twin) if family.is_ssog else None
+        if twin is None:
             continue
-        twin_arch = family.twin + arch[len(family.name):]
-        twin = Path(root) / f'{twin_arch}.{tag}'
-        if not twin.is_dir() or not _same_recipe(card_command(repo), card_command(twin), arch, twin_arch):
-            continue
-        s, d = float(card_facts(repo)['test']), float(card_facts(twin)['test'])
+        s, d = float(card_facts(repo)['test']), float(card_facts(twin[0])['test'])
         setting = 'steered' if family.steer else family.depth
         lo, hi = PAPER_GAIN[setting]
-        lines.append(f'| {setting} | `{repo.name}` | {s:.2f}% | `{twin.name}` | {d:.2f}% | {s - d:+.2f} | '
+        lines.append(f'| {setting} | `{repo.name}` | {s:.2f}% | `{twin[0].name}` | {d:.2f}% | {s - d:+.2f} | '
                      f'+{lo} to +{hi} | {training_budget(repo)} |')
     return '\n'.join(lines) + '\n'
 
 
 def steered_table(root: Path) -> str:
-    """Markdown: the three-way comparison of issue 17, one row per steered SSoG weight whose fixed-kernel SSoG
-    sibling and dense twin are published under the same tag and were trained by the same command (model name aside):
-    top-1 and parameters of each, steered minus fixed and steered minus dense."""
-    from ..models.families import FAMILIES, family_of
+    """Markdown: the three-way comparison of issue 17, one row per steered SSoG weight whose dense twin and
+    fixed-kernel SSoG sibling are published under the same tag and were trained by the same command (model name
+    aside): top-1 and parameters of each, steered minus fixed and steered minus dense."""
     from ..study.report import PAPER_GAIN, PAPER_STEER_GAIN
     lines = ['| setting | dense twin | fixed SSoG | steered SSoG | steered minus fixed (points) | '
              'steered minus dense (points) | training images seen |', '|---|---|---|---|---:|---:|---|']
-    for repo in sorted(p for p in Path(root).iterdir() if p.is_dir()):
-        arch, _, tag = repo.name.partition('.')
-        family = family_of(arch)
-        if not family.steer:
+    for repo, family in _published(root):
+        others = _trained_alike(repo, family, family.twin, SETTINGS[family.depth][0]) if family.steer else None
+        if others is None:
             continue
-        fixed_family = next(f for f in FAMILIES.values() if f.is_ssog and not f.steer and f.depth == family.depth)
-        size = arch[len(family.name):]
-        others = {name: Path(root) / f'{name}{size}.{tag}' for name in (fixed_family.name, family.twin)}
-        if not all(o.is_dir() and _same_recipe(card_command(repo), card_command(o), arch, o.name.partition('.')[0])
-                   for o in others.values()):
-            continue
-        steered, fixed, dense = (card_facts(r) for r in (repo, *others.values()))
-        cells = [f'`{r.name}` {f["test"]}% ({f["params"]}M)' for r, f in
-                 zip((others[family.twin], others[fixed_family.name], repo), (dense, fixed, steered))]
+        dense, fixed, steered = (card_facts(r) for r in (*others, repo))
+        cells = [f'`{r.name}` {f["test"]}% ({f["params"]}M)' for r, f in zip((*others, repo), (dense, fixed, steered))]
         top1 = float(steered['test'])
         lo, hi = PAPER_GAIN['steered']
         lines.append(f'| {family.depth} | {" | ".join(cells)} | {top1 - float(fixed["test"]):+.2f} (paper '
