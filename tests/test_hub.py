@@ -434,6 +434,41 @@ def test_export_and_push_dry_run(tmp_path):
     assert 'byte-identical' in lines[1] and 'DIFFERS' not in '\n'.join(lines)
 
 
+def test_export_in_half_precision_measures_the_stored_weights(tmp_path, monkeypatch):
+    """--dtype float16 stores half-size weights; the card's top-1 is measured on the values the file holds (what a
+    user's float32 model loads), the card says so, and a push sends the same bytes back."""
+    from safetensors.torch import load_file
+    from timm_odevit.hub import export as ex
+    from timm_odevit.hub.__main__ import evaluate_folder, main as hub_main
+    arch = 'ssog_ode_tiny_patch4_32'
+    trained = timm.create_model(f'local-dir:{WEIGHTS / f"{arch}.fmnist"}', pretrained=True)
+    ckpt = tmp_path / 'last.pth.tar'
+    torch.save({'arch': arch, 'state_dict': trained.state_dict()}, ckpt)
+    measured = {}
+
+    def measure_spy(model, *args, **kwargs):
+        measured[len(measured)] = {k: v.clone() for k, v in model.state_dict().items()}
+        return real_measure(model, *args, **kwargs)
+    real_measure = ex.measure
+    monkeypatch.setattr(ex, 'measure', measure_spy)
+    root = tmp_path / 'weights'
+    for dtype in ('float32', 'float16'):
+        assert hub_main(['export', str(ckpt), '--tag', dtype, '--root', str(root), '--dtype', dtype, '--no-full']) == 0
+    full, half = (root / f'{arch}.{dtype}' for dtype in ('float32', 'float16'))
+    assert ex.stored_dtype(full / 'model.safetensors') == torch.float32
+    assert ex.stored_dtype(half / 'model.safetensors') == torch.float16
+    assert (half / 'model.safetensors').stat().st_size < 0.55 * (full / 'model.safetensors').stat().st_size
+    stored = load_file(half / 'model.safetensors')
+    assert not all(torch.equal(measured[0][k], v.float()) for k, v in stored.items())  # rounding changed values
+    assert all(torch.equal(measured[1][k], v.float()) for k, v in stored.items())  # and the card measured them
+    card = (half / 'README.md').read_text()
+    assert '**Stored precision:** float16' in card and 'Stored precision' not in (full / 'README.md').read_text()
+    correct = re.search(r'sample \(1,000 test images, bundled\): top-1 [\d.]+% \((\d+)/', card).group(1)
+    assert evaluate_folder(str(half), 'sample')['correct'] == int(correct)
+    lines = ex.push(str(half), dry_run=True)
+    assert 'byte-identical' in lines[1] and 'DIFFERS' not in '\n'.join(lines)
+
+
 def test_demo_prints_top1_through_mirror(capsys):
     from timm_odevit.hub.demo import BUNDLED_REPOS, DEFAULT_MODEL, main
     # setup.py bundles exactly the weights the demo's untagged name resolves to (test_untagged_name_... above)

@@ -42,6 +42,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     e.add_argument('--no-full', action='store_true', help='skip the full Fashion-MNIST test set')
     e.add_argument('--threads', type=int, default=None,
                    help='CPU threads the run trained on, for its card (default: what the run recorded, else 1)')
+    e.add_argument('--dtype', choices=('float32', 'float16', 'bfloat16'), default='float32',
+                   help='precision of the stored weights (half halves the file; the card measures what is stored)')
 
     m = sub.add_parser('manifest', help='rewrite <root>/MANIFEST.json from the files as they are')
     m.add_argument('--root', default='weights')
@@ -93,10 +95,10 @@ def main(argv: Optional[List[str]] = None) -> int:
     if a.cmd == 'export':
         import timm_odevit  # noqa: F401
         from ..models.pretrained import FMNIST_CFG
-        from .export import export_checkpoint
+        from .export import STORAGE_DTYPES, export_checkpoint
         cfg = dict(FMNIST_CFG, input_size=(1, a.img_size, a.img_size))
         print(json.dumps(export_checkpoint(a.checkpoint, a.tag, a.root, cfg, a.description, not a.no_full,
-                                           a.use_ema, a.arch, a.threads)))
+                                           a.use_ema, a.arch, a.threads, STORAGE_DTYPES[a.dtype])))
     elif a.cmd == 'manifest':
         from .verify import write_manifest
         print(write_manifest(Path(a.root)))

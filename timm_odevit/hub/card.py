@@ -2,6 +2,7 @@
 measured top-1 with the command that measures it, size, usage), in the form timm's ``generate_readme`` takes."""
 from typing import Any, Dict, List, Optional
 
+import torch
 from torch import nn
 
 from . import hub_id
@@ -61,10 +62,12 @@ def model_card(
         metrics: Dict[str, Any],
         recipe: Optional[Dict[str, Any]] = None,
         description: Optional[str] = None,
+        dtype: torch.dtype = torch.float32,
 ) -> Dict[str, Any]:
     """The card as timm's generate_readme takes it (what, data, recipe, top-1 with its command, size, usage).
 
-    ``recipe``: the training run's lines (``training_lines``), or None for weights of unknown provenance.
+    ``recipe``: the training run's lines (``training_lines``), or None for weights of unknown provenance;
+    ``dtype``: the precision the weights file stores (float32 unless the export said otherwise).
     """
     from ..benchmark.runner import count_gmacs
     size = model.pretrained_cfg['input_size']
@@ -79,6 +82,9 @@ def model_card(
         'Dataset': DATASET,
         'License': 'apache-2.0',
     }
+    if dtype != torch.float32:
+        details['Stored precision'] = (f'{str(dtype).replace("torch.", "")} (timm loads it into a float32 model; the '
+                                       'top-1 figures below are those of the stored weights)')
     if recipe:
         details['Training recipe'] = dict(recipe)
     results = {}

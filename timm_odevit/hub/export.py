@@ -4,6 +4,7 @@ The folder holds ``model.safetensors`` and ``config.json`` as ``timm.models.save
 card ``README.md`` rendered by timm's ``generate_readme``; ``weights/MANIFEST.json`` is rewritten with every file's
 sha256 and size, and the repo is verified (config, architecture, weight shapes) before the command returns.
 """
+import copy
 import json
 import os
 import shutil
@@ -11,6 +12,8 @@ import tempfile
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
+import torch
+from safetensors import SafetensorError, safe_open
 from torch import nn
 
 import timm
@@ -23,13 +26,16 @@ from ..evaluate import evaluate
 from ..models.pretrained import FMNIST_CFG
 from ..train import PROG, checkpoint_args, model_from_checkpoint, read_checkpoint
 from .card import evaluate_command, model_card, training_lines
-from .verify import sha256_file, verify_repo, write_manifest
+from .verify import EXPORT_FIX, RepoError, sha256_file, verify_repo, write_manifest
 
-__all__ = ['TEST_SETS', 'measure', 'export_checkpoint', 'export', 'push']
+__all__ = ['TEST_SETS', 'STORAGE_DTYPES', 'measure', 'stored_dtype', 'export_checkpoint', 'export', 'push']
 
 # where the card's two top-1 figures are measured: (card name, IDX folder, --data of `hub evaluate`)
 TEST_SETS = (('Fashion-MNIST sample (1,000 test images, bundled)', fm.SAMPLE_DIR, 'sample'),
              ('Fashion-MNIST test set (10,000 images)', fm.DEBIAN_FASHION_MNIST, 'full'))
+# what a weights file may store its tensors in: half precision halves a file (the repository's working tree, weights
+# included, must fit the 64 MiB a GPU run carries); timm's loader copies any of them into a float32 model
+STORAGE_DTYPES = {'float32': torch.float32, 'float16': torch.float16, 'bfloat16': torch.bfloat16}
 
 
 def measure(model: nn.Module, folder: str, full_test: bool = True,
@@ -52,6 +58,22 @@ def measure(model: nn.Module, folder: str, full_test: bool = True,
     return metrics
 
 
+def stored_dtype(path: Path) -> torch.dtype:
+    """The floating-point dtype a weights file stores its tensors in, from the header alone (RepoError when the file
+    is not complete safetensors or mixes floating dtypes)."""
+    names = {'F32': torch.float32, 'F16': torch.float16, 'BF16': torch.bfloat16, 'F64': torch.float64}
+    try:
+        with safe_open(str(path), framework='pt') as f:
+            found = {names[d] for d in (f.get_slice(k).get_dtype() for k in f.keys()) if d in names}
+    except (SafetensorError, OSError, ValueError) as e:
+        raise RepoError(path, f'not a complete safetensors file ({e}); restore it or re-export with '
+                              f'`{EXPORT_FIX}`.') from e
+    if len(found) > 1:
+        raise RepoError(path, f'mixes floating dtypes {sorted(str(d) for d in found)}; re-export it with '
+                              f'`{EXPORT_FIX}` (and --dtype for one storage precision).')
+    return found.pop() if found else torch.float32
+
+
 def export_checkpoint(
         checkpoint: str,
         tag: str,
@@ -62,15 +84,20 @@ def export_checkpoint(
         use_ema: bool = False,
         arch: Optional[str] = None,
         threads: Optional[int] = None,
+        dtype: torch.dtype = torch.float32,
 ) -> Dict[str, Any]:
     """Export a checkpoint of ``python -m timm_odevit.train`` (or timm's train.py) to ``root/<arch>.<tag>/``: the
     registered architecture with ``pretrained_cfg`` (default: Fashion-MNIST at 32 px), a card rendering the run's
     command and budget (for this package's command only; ``threads`` for a run that did not record its own), and
-    top-1 measured here. Returns the folder and the top-1 figures."""
+    top-1 measured here, on the weights as stored in ``dtype``. Returns the folder and the top-1 figures."""
     ckpt = read_checkpoint(checkpoint)
     args = checkpoint_args(ckpt)
     cfg = dict(pretrained_cfg or ckpt.get('pretrained_cfg') or FMNIST_CFG)
     model = model_from_checkpoint(checkpoint, arch, use_ema, cfg)
+    if dtype != torch.float32:
+        # the card's figures are those of the file a user loads: its values rounded to dtype, in a float32 model
+        model.load_state_dict({k: v.to(dtype).to(v.dtype) if v.is_floating_point() else v
+                               for k, v in model.state_dict().items()})
     arch = arch or args.get('model') or ckpt['arch']
     metrics = measure(model, f'{root}/{arch}.{tag}', full_test, (args.get('model_kwargs') or {}).get('ode_steps'))
     recipe = None
@@ -79,7 +106,7 @@ def export_checkpoint(
         results = Path(checkpoint).parent / 'results.json'
         history = json.loads(results.read_text()).get('history') if results.is_file() else None
         recipe = training_lines(args, cfg, threads, history)
-    repo = export(model, arch, tag, root, model_card(arch, tag, model, metrics, recipe, description))
+    repo = export(model, arch, tag, root, model_card(arch, tag, model, metrics, recipe, description, dtype), dtype)
     return {'repo': str(repo), **{k: v['top1'] for k, v in metrics.items()}}
 
 
@@ -89,14 +116,17 @@ def export(
         tag: str,
         root: str = 'weights',
         card: Optional[Dict[str, Any]] = None,
+        dtype: torch.dtype = torch.float32,
 ) -> Path:
-    """Write ``root/<arch>.<tag>/`` (safetensors, config.json, README.md), update the manifest and verify it."""
+    """Write ``root/<arch>.<tag>/`` (safetensors with its tensors in ``dtype``, config.json, README.md), update the
+    manifest and verify it."""
     repo = Path(root) / f'{arch}.{tag}'
     repo.mkdir(parents=True, exist_ok=True)
     # written beside, then each file renamed into place: a reader (the mirror, a client) never sees half a file
     staging = Path(tempfile.mkdtemp(prefix=f'.{repo.name}.', dir=root))
     try:
-        save_for_hf(model, str(staging), safe_serialization=True)
+        save_for_hf(copy.deepcopy(model).to(dtype) if dtype != torch.float32 else model, str(staging),
+                    safe_serialization=True)
         (staging / CARD_FILE).write_text(generate_readme(card or {}, f'{arch}.{tag}'), encoding='utf-8')
         for f in sorted(staging.iterdir()):
             os.replace(f, repo / f.name)
@@ -119,7 +149,9 @@ def push(folder: str, repo_id: Optional[str] = None, dry_run: bool = False, toke
     """
     folder_p = Path(folder)
     repo_id = repo_id or f'{ORG}/{folder_p.name}'
-    model = timm.create_model(f'local-dir:{folder_p.resolve()}', pretrained=True)
+    # timm loads any stored precision into float32; it is sent back in the precision the folder stores
+    model = timm.create_model(f'local-dir:{folder_p.resolve()}', pretrained=True).to(
+        stored_dtype(folder_p / WEIGHTS_FILE))
     lines = [f'repo: {repo_id} (private={private})']
     if dry_run:
         with tempfile.TemporaryDirectory() as tmp:
