@@ -106,7 +106,7 @@ def matched_table(root: Path) -> str:
 
 
 def steered_table(root: Path) -> str:
-    """Markdown: the three-way comparison of issue 17, one row per steered SSoG weight whose dense twin and
+    """Markdown: dense twin vs fixed vs steered SSoG, one row per steered SSoG weight whose dense twin and
     fixed-kernel SSoG sibling are published under the same tag and were trained by the same command (model name
     aside): top-1 and parameters of each, steered minus fixed and steered minus dense."""
     from ..study.report import PAPER_GAIN, PAPER_STEER_GAIN
