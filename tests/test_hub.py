@@ -550,29 +550,29 @@ def test_matched_table_pairs_only_same_recipe(tmp_path):
     assert matched_table(tmp_path).splitlines()[2:] == []  # another seed: not a matched pair
 
 
-def test_steered_table_needs_all_three_trained_alike(tmp_path):
-    """The three-way table (dense, fixed, steered) has a row only when one command trained all three weights."""
-    from timm_odevit.hub.table import card_facts, steered_table
-    for name in ('ssog_vit_tiny_patch4_32.fmnist', 'dense_vit_tiny_patch4_32.fmnist'):
-        shutil.copytree(REPO_ROOT / 'weights' / name, tmp_path / name)
-    fixed, dense = (card_facts(tmp_path / f'{n}_vit_tiny_patch4_32.fmnist') for n in ('ssog', 'dense'))
-    steered = tmp_path / 'ssog_vit_steer_tiny_patch4_32.fmnist'
-    steered.mkdir()
-    card = (tmp_path / 'ssog_vit_tiny_patch4_32.fmnist' / 'README.md').read_text()
-    card = card.replace('ssog_vit_tiny_patch4_32', 'ssog_vit_steer_tiny_patch4_32')
-    (steered / 'README.md').write_text(card.replace(f'top-1 {fixed["test"]}%', 'top-1 99.00%'))
-    rows = steered_table(tmp_path).splitlines()[2:]
+def test_steered_table_needs_all_three_runs_trained_alike(tmp_path):
+    """The three-way table (dense, fixed, steered) compares finished training runs, a row only when one command
+    (the model name aside) trained all three, each scored by its EMA top-1 on the validation images."""
+    from timm_odevit.hub.table import steered_table
+    logs, names = tmp_path / 'logs', ('dense_vit', 'ssog_vit', 'ssog_vit_steer')
+    runs = [logs / f'{n}_tiny_patch4_32.fmnist' for n in names]
+    for run in runs:
+        shutil.copytree(REPO_ROOT / 'results' / 'weights' / run.name, run)
+    top1 = [json.loads((r / 'results.json').read_text())['ema_top1'] for r in runs]
+    rows = steered_table(logs, tmp_path / 'no-weights').splitlines()[2:]
     assert len(rows) == 1, rows
-    want = (f'| discrete | `dense_vit_tiny_patch4_32.fmnist` {dense["test"]}% ({dense["params"]}M) | '
-            f'`ssog_vit_tiny_patch4_32.fmnist` {fixed["test"]}% ({fixed["params"]}M) | '
-            f'`ssog_vit_steer_tiny_patch4_32.fmnist` 99.00% ({fixed["params"]}M) | '
-            f'{99 - float(fixed["test"]):+.2f} (paper +2.0) | {99 - float(dense["test"]):+.2f} ')
-    assert rows[0].startswith(want), rows
-    (steered / 'README.md').write_text(card.replace('--seed 0', '--seed 1'))
-    assert steered_table(tmp_path).splitlines()[2:] == []  # another seed: not the same budget
-    shutil.rmtree(tmp_path / 'dense_vit_tiny_patch4_32.fmnist')
-    (steered / 'README.md').write_text(card)
-    assert steered_table(tmp_path).splitlines()[2:] == []  # no dense twin: no row
+    cells = [c.strip() for c in rows[0].split('|')[1:-1]]
+    assert cells[:2] == ['discrete', '2000'] and cells[-1] == 'none', cells
+    assert [c.split()[:2] for c in cells[2:5]] == [[f'`{r.name}`', f'{t:.2f}%'] for r, t in zip(runs, top1)], cells
+    assert cells[5].startswith(f'{top1[2] - top1[1]:+.2f} ') and cells[6].startswith(f'{top1[2] - top1[0]:+.2f} ')
+    published = steered_table(logs, REPO_ROOT / 'weights').splitlines()[2].split('|')[-2]
+    assert '`ssog_vit_tiny_patch4_32.fmnist`' in published and 'steer' not in published, published
+    command = runs[2] / 'command.txt'
+    command.write_text(command.read_text().replace('--seed 0', '--seed 1'))
+    assert steered_table(logs, tmp_path).splitlines()[2:] == []  # another seed: not the same budget
+    command.write_text(command.read_text().replace('--seed 1', '--seed 0'))
+    (runs[0] / 'results.json').unlink()
+    assert steered_table(logs, tmp_path).splitlines()[2:] == []  # the dense twin did not finish: no row
 
 
 def test_learning_curves_from_run_logs(tmp_path):

@@ -72,10 +72,10 @@ def main(argv: Optional[List[str]] = None) -> int:
 
     t = sub.add_parser('table', help='Markdown tables from the model cards and the training logs: the published '
                                      'weights, SSoG minus dense for pairs trained alike (matched), dense vs fixed vs '
-                                     'steered SSoG trained alike (steered), validation top-1 per epoch (curves)')
+                                     'steered SSoG runs trained alike (steered), validation top-1 per epoch (curves)')
     t.add_argument('--kind', choices=('weights', 'matched', 'steered', 'curves'), default='weights')
     t.add_argument('--root', default='weights')
-    t.add_argument('--logs', default='results/weights', help='--kind curves: the folder of training runs')
+    t.add_argument('--logs', default='results/weights', help='--kind curves and steered: the folder of training runs')
 
     el = sub.add_parser('elasticity', help='top-1 of every published ODE weight under other solvers and step counts')
     el.add_argument('--root', default='weights')
@@ -127,7 +127,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     elif a.cmd == 'table':
         from .table import learning_curves, matched_table, steered_table, weights_table
         tables = {'weights': lambda: weights_table(Path(a.root)), 'matched': lambda: matched_table(Path(a.root)),
-                  'steered': lambda: steered_table(Path(a.root)), 'curves': lambda: learning_curves(Path(a.logs))}
+                  'steered': lambda: steered_table(Path(a.logs), Path(a.root)), 'curves': lambda: learning_curves(Path(a.logs))}
         print(tables[a.kind](), end='')
     elif a.cmd == 'elasticity':
         from ..study.elasticity import ELASTICITY_SOLVERS, write_weights_elasticity

@@ -1,11 +1,15 @@
 """The tables of published weights, read from the model cards (one source of truth: the cards) and the committed
-training logs: the README's weights table, the matched SSoG-minus-dense comparison, and the learning curves."""
+training logs: the README's weights table, the matched SSoG-minus-dense comparison, the three-way dense, fixed and
+steered SSoG comparison of training runs, and the learning curves."""
 import csv
+import json
+import math
 import re
 from pathlib import Path
-from typing import Dict, Iterator, List, Optional, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 from ..models.families import SETTINGS, Family, family_of
+from ..train import recorded_args
 from . import CARD_FILE
 
 __all__ = ['card_command', 'card_facts', 'learning_curves', 'matched_table', 'steered_table', 'training_budget',
@@ -105,31 +109,63 @@ def matched_table(root: Path) -> str:
     return '\n'.join(lines) + '\n'
 
 
-def steered_table(root: Path) -> str:
-    """Markdown: dense twin vs fixed vs steered SSoG, one row per steered SSoG weight whose dense twin and
-    fixed-kernel SSoG sibling are published under the same tag and were trained by the same command (model name
-    aside): top-1 and parameters of each, steered minus fixed and steered minus dense."""
+def _finished_run(logs: Path, name: str) -> Optional[Tuple[str, Dict[str, Any]]]:
+    """The first command line and final results of the finished training run ``logs/name`` (None if unfinished)."""
+    run = Path(logs) / name
+    if not (run / 'results.json').is_file() or not (run / 'command.txt').is_file():
+        return None
+    return (run / 'command.txt').read_text().splitlines()[0], json.loads((run / 'results.json').read_text())
+
+
+def _params_m(command: str) -> float:
+    import timm
+    args = recorded_args(command)
+    model = timm.create_model(args.model, num_classes=args.num_classes, in_chans=args.in_chans, **args.model_kwargs)
+    return sum(p.numel() for p in model.parameters()) / 1e6
+
+
+def steered_table(logs: Path, root: Path) -> str:
+    """Markdown: dense twin vs fixed vs steered SSoG from the training runs under ``logs``, one row per finished
+    steered run whose dense twin and fixed-kernel sibling finished under the same command (model name aside).
+
+    Runs, not cards: a steered weight is published only where it is the best of its setting, and the comparison
+    must not depend on which one won. Each model is scored as it would be published (the EMA after the last epoch
+    where the run kept one) on the run's validation images; the full-test top-1 of whichever is published under
+    ``root`` stands beside it."""
     from ..study.report import PAPER_GAIN, PAPER_STEER_GAIN
-    lines = ['| setting | dense twin | fixed SSoG | steered SSoG | steered minus fixed (points) | '
-             'steered minus dense (points) | training images seen |', '|---|---|---|---|---:|---:|---|']
-    for repo, family in _published(root):
-        others = _trained_alike(repo, family, family.twin, SETTINGS[family.depth][0]) if family.steer else None
-        if others is None:
+    lines = ['| setting | validation images | dense twin | fixed SSoG | steered SSoG | steered minus fixed (points) | '
+             'steered minus dense (points) | standard error of one top-1 (points) | '
+             'published, full test (10,000) |', '|---|---:|---|---|---|---:|---:|---:|---|']
+    for run in sorted(p for p in Path(logs).iterdir() if p.is_dir()):
+        arch, _, tag = run.name.partition('.')
+        try:
+            family = family_of(arch)
+        except ValueError:  # another kind of run (a study, a guidance sweep)
             continue
-        dense, fixed, steered = (card_facts(r) for r in (*others, repo))
-        cells = [f'`{r.name}` {f["test"]}% ({f["params"]}M)' for r, f in zip((*others, repo), (dense, fixed, steered))]
-        top1 = float(steered['test'])
+        if not family.steer:
+            continue
+        size = arch[len(family.name):]
+        names = [f'{family.twin}{size}.{tag}', f'{SETTINGS[family.depth][0]}{size}.{tag}', run.name]
+        runs = [_finished_run(logs, n) for n in names]
+        if any(r is None for r in runs) or not all(
+                _same_recipe(runs[2][0], r[0], arch, n.partition('.')[0]) for r, n in zip(runs[:2], names[:2])):
+            continue
+        top1 = [r[1]['ema_top1'] if r[1].get('ema_top1') is not None else r[1]['top1'] for r in runs]
+        cells = [f'`{n}` {t:.2f}% ({_params_m(r[0]):.3f}M)' for n, t, r in zip(names, top1, runs)]
+        n_val = recorded_args(runs[2][0]).val_samples
+        se = 100 * math.sqrt(top1[2] / 100 * (1 - top1[2] / 100) / n_val) if n_val else float('nan')
+        published = ', '.join(f'`{n}` {card_facts(Path(root) / n)["test"]}%' for n in names
+                              if (Path(root) / n).is_dir()) or 'none'
         lo, hi = PAPER_GAIN['steered']
-        lines.append(f'| {family.depth} | {" | ".join(cells)} | {top1 - float(fixed["test"]):+.2f} (paper '
-                     f'+{PAPER_STEER_GAIN}) | {top1 - float(dense["test"]):+.2f} (paper +{lo} to +{hi}) | '
-                     f'{training_budget(repo)} |')
+        lines.append(f'| {family.depth} | {n_val or "all"} | {" | ".join(cells)} | {top1[2] - top1[1]:+.2f} (paper '
+                     f'+{PAPER_STEER_GAIN}) | {top1[2] - top1[0]:+.2f} (paper +{lo} to +{hi}) | {se:.2f} | '
+                     f'{published} |')
     return '\n'.join(lines) + '\n'
 
 
 def learning_curves(logs: Path) -> str:
     """Markdown: validation top-1 after each epoch of every run of the training command under ``logs`` (its
     ``summary.csv``), with the EMA weights' top-1 after the last epoch where the run kept an EMA."""
-    from ..train import recorded_args
     lines = ['| run | validation images | top-1 after each epoch | EMA after the last |', '|---|---:|---|---:|']
     for run in sorted(p for p in Path(logs).iterdir() if (p / 'summary.csv').is_file()):
         with open(run / 'summary.csv', newline='') as f:
