@@ -19,7 +19,7 @@ from timm_odevit.models.pretrained import FMNIST_CFG
 from timm_odevit.study import SETTINGS, StudyRecipe, run_study, study_runs
 from timm_odevit.study.elasticity import write_elasticity
 from timm_odevit.study.export import best_runs, export_run
-from timm_odevit.study.guidance import guidance_runs, guidance_setup, write_guidance_report
+from timm_odevit.study.guidance import guidance_runs, guidance_setup, guidance_variants, write_guidance_report
 from timm_odevit.study.recipes import write_recipes
 from timm_odevit.train import read_checkpoint
 from timm_odevit.study.report import write_report
@@ -221,6 +221,29 @@ def test_guidance_report_needs_both_arms(tmp_path):
     (tmp_path / 'runs' / 'odevit_tiny_patch4_32-scratch-seed0').mkdir(parents=True)
     with pytest.raises(FileNotFoundError, match='both arms'):
         write_guidance_report(tmp_path)
+
+
+def test_guidance_variants_compare_guided_arms_of_one_setup(tmp_path):
+    """Variants of one comparison side by side, from the committed logs alone; a folder with another teacher or
+    recipe is refused, not put in the same table."""
+    variant = tmp_path / 'variant'
+    shutil.copytree(REPO / 'results' / 'guidance', variant, ignore=shutil.ignore_patterns('*.pth.tar'))
+    meta = json.loads((variant / 'study.json').read_text())
+    meta['setup']['guide'] = '--state-norm cosine'
+    (variant / 'study.json').write_text(json.dumps(meta))
+    for seed, top1 in ((0, 90.0), (1, 91.5)):
+        result = variant / 'runs' / f'odevit_tiny_patch4_32-guided-seed{seed}' / 'results.json'
+        result.write_text(json.dumps(dict(json.loads(result.read_text()), top1=top1)))
+    scratch = [json.loads((variant / 'runs' / f'odevit_tiny_patch4_32-scratch-seed{k}' / 'results.json').read_text())
+               ['top1'] for k in (0, 1)]
+    rows = guidance_variants([REPO / 'results' / 'guidance', variant]).splitlines()[2:]
+    assert len(rows) == 2 and rows[0].startswith('| `--state-norm layernorm` |'), rows
+    gain = (90.0 - scratch[0] + 91.5 - scratch[1]) / 2
+    assert rows[1].startswith('| `--state-norm cosine` |') and f'| 90.75 ± 1.06 | {gain:.2f} ± ' in rows[1], rows
+    meta['recipe']['epochs'] = 2
+    (variant / 'study.json').write_text(json.dumps(meta))
+    with pytest.raises(ValueError, match='another student, teacher or recipe'):
+        guidance_variants([REPO / 'results' / 'guidance', variant])
 
 
 def test_committed_recipes_are_current(tmp_path):

@@ -7,6 +7,7 @@
     python -m timm_odevit.study recipes            # timm train.py YAML recipes -> examples/
     python -m timm_odevit.study guidance --student S --teacher T   # scratch vs teacher-guided, matched
     python -m timm_odevit.study guidance-report    # guidance.md / guidance.csv
+    python -m timm_odevit.study guidance-variants --out-dirs A B   # guided-arm variants side by side
 """
 import argparse
 import logging
@@ -72,6 +73,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     gr.add_argument('--out-dir', default=DEFAULT_GUIDANCE_OUT)
     gr.add_argument('--test-samples', type=int, default=256, help='first n test images for the trajectory')
     gr.add_argument('--data-dir', default=None, help="Fashion-MNIST IDX files (default: Debian's package)")
+    gv = sub.add_parser('guidance-variants', help='guided-arm variants of one comparison side by side, from the logs')
+    gv.add_argument('--out-dirs', nargs='+', default=[DEFAULT_GUIDANCE_OUT])
     a = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format='%(asctime)s %(message)s')
 
@@ -93,6 +96,10 @@ def main(argv: Optional[List[str]] = None) -> int:
     if a.cmd == 'guidance-report':
         from .guidance import write_guidance_report
         print(write_guidance_report(Path(a.out_dir), a.test_samples, a.data_dir))
+        return 0
+    if a.cmd == 'guidance-variants':
+        from .guidance import guidance_variants
+        print(guidance_variants([Path(d) for d in a.out_dirs]), end='')
         return 0
     if a.cmd == 'report':
         from .report import write_report

@@ -22,7 +22,8 @@ import torch
 from .report import mean_sd
 from .runs import RUN_OPTIONS, Run, StudyRecipe
 
-__all__ = ['ARMS', 'PAPER_GUIDANCE_GAIN', 'guidance_setup', 'guidance_runs', 'write_guidance_report']
+__all__ = ['ARMS', 'PAPER_GUIDANCE_GAIN', 'guidance_setup', 'guidance_runs', 'guidance_variants',
+           'write_guidance_report']
 
 ARMS = ('scratch', 'guided')
 # ODE-ViT: a teacher-guided ODE-ViT gains more than 10 points over the free one (CIFAR-100, 300 epochs)
@@ -78,6 +79,36 @@ def _finished(root: Path, arm: str) -> Dict[int, Path]:
         if (path / 'results.json').is_file():
             out[int(path.name.rsplit('seed', 1)[1])] = path
     return out
+
+
+def _top1(root: Path) -> Dict[str, Dict[int, float]]:
+    """Final top-1 per arm and seed of the finished runs under ``root`` (from their committed results.json)."""
+    return {arm: {seed: json.loads((p / 'results.json').read_text())['top1'] for seed, p in _finished(root, arm).items()}
+            for arm in ARMS}
+
+
+def guidance_variants(roots: Sequence[Path]) -> str:
+    """Markdown: one row per guidance comparison folder (same student, teacher and recipe, another guided arm), read
+    from the committed logs alone: guided-arm options, top-1 per arm, the gain paired by seed.
+
+    A folder whose student, teacher or recipe differs from the first one's is refused (ValueError): the rows must
+    differ in the guided arm only."""
+    lines = ['| guided-arm options | scratch top-1 | guided top-1 | gain (points, paired) | seeds |',
+             '|---|---:|---:|---:|---:|']
+    first = None
+    for root in map(Path, roots):
+        meta = json.loads((root / 'study.json').read_text())
+        setup = {k: v for k, v in meta.get('setup', {}).items() if k != 'guide'}
+        if first is None:
+            first = (setup, meta.get('recipe'))
+        elif (setup, meta.get('recipe')) != first:
+            raise ValueError(f'{root} was run with another student, teacher or recipe than {roots[0]}: its row would '
+                             'not compare guided arms alone; report it on its own with guidance-report.')
+        top1 = _top1(root)
+        paired = [top1['guided'][k] - top1['scratch'][k] for k in sorted(set(top1['guided']) & set(top1['scratch']))]
+        lines.append(f'| `{meta["setup"].get("guide") or "(defaults)"}` | {mean_sd(list(top1["scratch"].values()))} | '
+                     f'{mean_sd(list(top1["guided"].values()))} | {mean_sd(paired)} | {len(paired)} |')
+    return '\n'.join(lines) + '\n'
 
 
 def _trajectory(runs: Dict[str, Dict[int, Path]], data_dir: Optional[str], test_samples: int) -> Dict[str, Any]:
