@@ -44,6 +44,14 @@ def _study_report() -> str:
         return write_report(root)
 
 
+GUIDANCE_VARIANTS = ('results/guidance', 'results/guidance_noinit', 'results/guidance_rawmse')
+
+
+def _guidance_variants() -> str:
+    from timm_odevit.study.guidance import guidance_variants
+    return guidance_variants([REPO_ROOT / d for d in GUIDANCE_VARIANTS])
+
+
 def _committed(rel: str) -> Callable[[], str]:
     # a table a command wrote from artefacts that are not committed (checkpoints): the page must equal the file
     return lambda: (REPO_ROOT / rel).read_text()
@@ -84,6 +92,9 @@ GENERATORS: Dict[str, Callable[[], str]] = {
         _committed('results/fmnist_study/elasticity.md'),
     'python -m timm_odevit.study guidance-report (writes results/guidance/guidance.md)':
         _committed('results/guidance/guidance.md'),
+    'python -m timm_odevit.study guidance-report --out-dir results/guidance_noinit '
+    '(writes results/guidance_noinit/guidance.md)': _committed('results/guidance_noinit/guidance.md'),
+    f'python -m timm_odevit.study guidance-variants --out-dirs {" ".join(GUIDANCE_VARIANTS)}': _guidance_variants,
 }
 
 
