@@ -127,7 +127,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     elif a.cmd == 'table':
         from .table import learning_curves, matched_table, steered_table, weights_table
         tables = {'weights': lambda: weights_table(Path(a.root)), 'matched': lambda: matched_table(Path(a.root)),
-                  'steered': lambda: steered_table(Path(a.logs), Path(a.root)), 'curves': lambda: learning_curves(Path(a.logs))}
+                  'steered': lambda: steered_table(Path(a.logs), Path(a.root)),
+                  'curves': lambda: learning_curves(Path(a.logs))}
         print(tables[a.kind](), end='')
     elif a.cmd == 'elasticity':
         from ..study.elasticity import ELASTICITY_SOLVERS, write_weights_elasticity

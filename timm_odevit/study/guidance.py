@@ -83,8 +83,8 @@ def _finished(root: Path, arm: str) -> Dict[int, Path]:
 
 def _top1(root: Path) -> Dict[str, Dict[int, float]]:
     """Final top-1 per arm and seed of the finished runs under ``root`` (from their committed results.json)."""
-    return {arm: {seed: json.loads((p / 'results.json').read_text())['top1'] for seed, p in _finished(root, arm).items()}
-            for arm in ARMS}
+    return {arm: {seed: json.loads((path / 'results.json').read_text())['top1']
+                  for seed, path in _finished(root, arm).items()} for arm in ARMS}
 
 
 def guidance_variants(roots: Sequence[Path]) -> str:
