@@ -79,15 +79,14 @@ def _published(root: Path) -> Iterator[Tuple[Path, Family]]:
         yield repo, family_of(repo.name.partition('.')[0])
 
 
-def _trained_alike(repo: Path, family: Family, *families: str) -> Optional[List[Path]]:
-    """The folders of the other ``families`` at the size and tag of ``repo`` when each is published and one command
-    (the model name aside) trained it and ``repo``; None otherwise."""
+def _twin_trained_alike(repo: Path, family: Family) -> Optional[Path]:
+    """The dense twin's folder at the size and tag of ``repo`` when it is published and one command (the model name
+    aside) trained it and ``repo``; None otherwise."""
     arch, _, tag = repo.name.partition('.')
     size = arch[len(family.name):]
-    others = [repo.parent / f'{name}{size}.{tag}' for name in families]
-    if all(o.is_dir() and _same_recipe(card_command(repo), card_command(o), arch, name + size)
-           for o, name in zip(others, families)):
-        return others
+    twin = repo.parent / f'{family.twin}{size}.{tag}'
+    if twin.is_dir() and _same_recipe(card_command(repo), card_command(twin), arch, family.twin + size):
+        return twin
     return None
 
 
@@ -98,15 +97,20 @@ def matched_table(root: Path) -> str:
     lines = ['| setting | SSoG weights | top-1 SSoG | dense twin | top-1 dense | SSoG minus dense (points) | '
              'paper gain | training images seen |', '|---|---|---:|---|---:|---:|---:|---|']
     for repo, family in _published(root):
-        twin = _trained_alike(repo, family, family.twin) if family.is_ssog else None
+        twin = _twin_trained_alike(repo, family) if family.is_ssog else None
         if twin is None:
             continue
-        s, d = float(card_facts(repo)['test']), float(card_facts(twin[0])['test'])
+        s, d = float(card_facts(repo)['test']), float(card_facts(twin)['test'])
         setting = 'steered' if family.steer else family.depth
         lo, hi = PAPER_GAIN[setting]
-        lines.append(f'| {setting} | `{repo.name}` | {s:.2f}% | `{twin[0].name}` | {d:.2f}% | {s - d:+.2f} | '
+        lines.append(f'| {setting} | `{repo.name}` | {s:.2f}% | `{twin.name}` | {d:.2f}% | {s - d:+.2f} | '
                      f'+{lo} to +{hi} | {training_budget(repo)} |')
     return '\n'.join(lines) + '\n'
+
+
+def _run_command(run: Path) -> str:
+    """The command line that started a training run (later lines of its ``command.txt`` are resumes)."""
+    return (Path(run) / 'command.txt').read_text().splitlines()[0]
 
 
 def _finished_run(logs: Path, name: str) -> Optional[Tuple[str, Dict[str, Any]]]:
@@ -114,7 +118,7 @@ def _finished_run(logs: Path, name: str) -> Optional[Tuple[str, Dict[str, Any]]]
     run = Path(logs) / name
     if not (run / 'results.json').is_file() or not (run / 'command.txt').is_file():
         return None
-    return (run / 'command.txt').read_text().splitlines()[0], json.loads((run / 'results.json').read_text())
+    return _run_command(run), json.loads((run / 'results.json').read_text())
 
 
 def _params_m(command: str) -> float:
@@ -172,7 +176,7 @@ def learning_curves(logs: Path) -> str:
             rows = list(csv.DictReader(f))
         if not rows:
             continue
-        val = recorded_args((run / 'command.txt').read_text().splitlines()[0]).val_samples
+        val = recorded_args(_run_command(run)).val_samples
         ema = rows[-1].get('eval_ema_top1') or ''
         curve = ', '.join(f'{float(r["eval_top1"]):.1f}' for r in rows)
         lines.append(f'| `{run.name}` | {val or "all"} | {curve} | {f"{float(ema):.1f}" if ema else "-"} |')

@@ -87,6 +87,11 @@ def _top1(root: Path) -> Dict[str, Dict[int, float]]:
                   for seed, path in _finished(root, arm).items()} for arm in ARMS}
 
 
+def _paired_gains(top1: Dict[str, Dict[int, float]]) -> List[float]:
+    """Guided minus scratch top-1 for each seed that both arms finished."""
+    return [top1['guided'][k] - top1['scratch'][k] for k in sorted(set(top1['guided']) & set(top1['scratch']))]
+
+
 def guidance_variants(roots: Sequence[Path]) -> str:
     """Markdown: one row per guidance comparison folder (same student, teacher and recipe, another guided arm), read
     from the committed logs alone: guided-arm options, top-1 per arm, the gain paired by seed.
@@ -105,7 +110,7 @@ def guidance_variants(roots: Sequence[Path]) -> str:
             raise ValueError(f'{root} was run with another student, teacher or recipe than {roots[0]}: its row would '
                              'not compare guided arms alone; report it on its own with guidance-report.')
         top1 = _top1(root)
-        paired = [top1['guided'][k] - top1['scratch'][k] for k in sorted(set(top1['guided']) & set(top1['scratch']))]
+        paired = _paired_gains(top1)
         lines.append(f'| `{meta["setup"].get("guide") or "(defaults)"}` | {mean_sd(list(top1["scratch"].values()))} | '
                      f'{mean_sd(list(top1["guided"].values()))} | {mean_sd(paired)} | {len(paired)} |')
     return '\n'.join(lines) + '\n'
@@ -164,7 +169,7 @@ def write_guidance_report(root: Path, test_samples: int = 256, data_dir: Optiona
         for arm in ARMS:
             for seed in sorted(top1[arm]):
                 w.writerow([arm, seed, round(top1[arm][seed], 2)] + [round(g, 4) for g in traj['gaps'][arm][seed]])
-    paired = [top1['guided'][k] - top1['scratch'][k] for k in sorted(set(top1['guided']) & set(top1['scratch']))]
+    paired = _paired_gains(top1)
     gain = statistics.mean(paired) if paired else float('nan')
     lines = [
         '| student | teacher | scratch top-1 | guided top-1 | gain (points, paired) | paper gain | seeds | '
