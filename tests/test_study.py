@@ -102,7 +102,7 @@ def test_report_table_and_curves(study):
     assert top1 == pytest.approx({k: round(v, 2) for k, v in final.items()})
     dense, ssog, _ = SETTINGS['ode']
     gain = top1[ssog] - top1[dense]
-    assert f'{gain:.2f} ± 0.00' in table and '+2.2 to +4.1' in table
+    assert f'{gain:.2f} (1 run)' in table and '+2.2 to +4.1' in table
     assert (root / 'curves.png').stat().st_size > 10_000
 
 

@@ -51,11 +51,12 @@ def collect(root: Path) -> List[Dict[str, Any]]:
 
 
 def mean_sd(values: Sequence[float]) -> str:
-    """'mean ± sample SD' of a few runs (SD 0 for one run, 'n/a' for none)."""
+    """'mean ± sample SD' of a few runs; one run has no SD to show ('81.00 (1 run)'), none gives 'n/a'."""
     if not values:
         return 'n/a'
-    sd = statistics.stdev(values) if len(values) > 1 else 0.
-    return f'{statistics.mean(values):.2f} ± {sd:.2f}'
+    if len(values) == 1:
+        return f'{values[0]:.2f} (1 run)'
+    return f'{statistics.mean(values):.2f} ± {statistics.stdev(values):.2f}'
 
 
 def write_report(root: Path) -> str:
