@@ -94,6 +94,8 @@ def matched_table(root: Path) -> str:
     """Markdown: SSoG minus its dense twin, one row per SSoG weight whose twin is published under the same tag and
     was trained by the same command (the model name aside); pairs with other recipes are left out, not compared."""
     from ..study.report import PAPER_GAIN
+    lines = ['| setting | SSoG weights | top-1 SSoG | dense twin | top-1 dense | SSoG minus dense (points) | '
+             'paper gain | training images seen |', '|---|---|---:|---|---:|---:|---:|---|']
     rows = []
     for repo, family in _published(root):
         twin = _twin_trained_alike(repo, family) if family.is_ssog else None
@@ -102,13 +104,11 @@ def matched_table(root: Path) -> str:
         s, d = float(card_facts(repo)['test']), float(card_facts(twin)['test'])
         setting = 'steered' if family.steer else family.depth
         lo, hi = PAPER_GAIN[setting]
-        rows.append((list(PAPER_GAIN).index(setting), repo.name,
-                     f'| {setting} | `{repo.name}` | {s:.2f}% | `{twin.name}` | {d:.2f}% | {s - d:+.2f} | '
-                     f'+{lo} to +{hi} | {training_budget(repo)} |'))
-    # the settings in the papers' order (discrete, looped, ODE), as in the study's table
-    return '\n'.join(['| setting | SSoG weights | top-1 SSoG | dense twin | top-1 dense | SSoG minus dense (points) | '
-                      'paper gain | training images seen |', '|---|---|---:|---|---:|---:|---:|---|',
-                      *(line for _, _, line in sorted(rows))]) + '\n'
+        rows.append((list(PAPER_GAIN).index(setting), f'| {setting} | `{repo.name}` | {s:.2f}% | `{twin.name}` | '
+                     f'{d:.2f}% | {s - d:+.2f} | +{lo} to +{hi} | {training_budget(repo)} |'))
+    # the settings in the papers' order (discrete, looped, ODE), as in the study's table; name order within one
+    lines += [line for _, line in sorted(rows)]
+    return '\n'.join(lines) + '\n'
 
 
 def _run_command(run: Path) -> str:
