@@ -401,3 +401,18 @@ def test_command_state_norm_schedule_and_kd_default(image_folder, tmp_path):
     args = parse_args(command(image_folder, str(tmp_path), '--teacher-kwargs', 'img_size=32', 'patch_size=4',
                               'depth=3', 'num_classes=5', '--no-init-from-teacher'))
     assert build_task(args, torch.device('cpu')).kd_loss_weight == 0.
+
+
+def test_command_attention_term_defaults_off_for_a_teacher_without_maps(image_folder, tmp_path):
+    """An SSoG teacher has no attention maps: the CLS-attention term defaults to 0 (JaSMin, on the student's own
+    maps, stays on); asked for explicitly, it is refused with the reason."""
+    from timm_odevit.train.command import build_task, parse_args
+    argv = command(image_folder, str(tmp_path))
+    i = argv.index('--teacher')
+    argv[i + 1] = 'ssog_vit_tiny_patch4_32'
+    args = parse_args(argv)
+    task = build_task(args, torch.device('cpu'))
+    assert task.attn_loss_weight == 0. and task.jasmin_weight == 1. and task.state_loss_weight == 0.5
+    assert task.guidance_summary()['weights']['attention'] == 0.
+    with pytest.raises(ValueError, match='the teacher has none'):
+        build_task(parse_args(argv + ['--attn-weight', '0.25']), torch.device('cpu'))

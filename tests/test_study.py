@@ -217,6 +217,33 @@ def test_guidance_report_pairs_seeds_and_reads_the_trajectory(guidance, idx_fold
         next(run_study(root, guidance_runs(setup, (0,)), TINY, setup=dict(setup, guide='--state-norm cosine')))
 
 
+def test_guided_run_records_and_cards_its_guidance(guidance, tmp_path):
+    """A guided run's results.json holds its guidance with the defaults resolved (attention, JaSMin and logit KD on
+    for an attention student and a same-label teacher); its exported card names the teacher, the student times of
+    its targets and each loss weight, and says it was guided; a scratch run's card has no teacher line."""
+    from timm_odevit.hub.export import export_checkpoint
+    root, _, _ = guidance
+    run = root / 'runs' / 'odevit_tiny_patch4_32-guided-seed0'
+    recorded = json.loads((run / 'results.json').read_text())['guidance']
+    times = read_checkpoint(str(run / 'last.pth.tar'))['task_state']['target_times'].tolist()
+    assert recorded['times'] == pytest.approx(times) and recorded['state_norm'] == 'layernorm'
+    assert recorded['weights'] == {'label': 1., 'state': 0.5, 'attention': 0.25, 'logit_kd': 1., 'jasmin': 1.}
+    assert 'cls_token' in recorded['copied_from_teacher'] and not recorded['copied_frozen']
+    export_checkpoint(str(run / 'last.pth.tar'), 'guided', str(tmp_path), FMNIST_CFG, full_test=False)
+    card = (tmp_path / 'odevit_tiny_patch4_32.guided' / 'README.md').read_text()
+    line = next(x for x in card.splitlines() if 'teacher guidance' in x)
+    assert 'teacher `dense_vit_tiny_patch4_32`, kwargs depth=2 in_chans=1' in line
+    assert f'2 targets (teacher blocks: all) at student times {times[0]:g}, {times[1]:g} (rule uniform)' in line
+    assert ('loss = 1 x label loss + 0.5 x CLS state MSE (state norm layernorm) + 0.25 x CLS attention L1 + 1 x logit '
+            'KD (T=1) + 1 x JaSMin (k=2)') in line
+    assert 'teacher terms at full weight throughout' in line and 'initialised from the teacher: ' in line
+    assert 'guided by a teacher' in card
+    export_checkpoint(str(root / 'runs' / 'odevit_tiny_patch4_32-scratch-seed0' / 'last.pth.tar'), 'scratch',
+                      str(tmp_path), FMNIST_CFG, full_test=False)
+    card = (tmp_path / 'odevit_tiny_patch4_32.scratch' / 'README.md').read_text()
+    assert 'teacher guidance' not in card and 'trained from scratch' in card
+
+
 def test_guidance_report_needs_both_arms(tmp_path):
     (tmp_path / 'runs' / 'odevit_tiny_patch4_32-scratch-seed0').mkdir(parents=True)
     with pytest.raises(FileNotFoundError, match='both arms'):

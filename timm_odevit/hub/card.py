@@ -9,7 +9,7 @@ from . import hub_id
 from ..data import AUGMENT_SHIFT, FASHION_MNIST_TRAIN_IMAGES
 from ..train import format_command
 
-__all__ = ['DATASET', 'training_lines', 'evaluate_command', 'model_card']
+__all__ = ['DATASET', 'guidance_line', 'training_lines', 'evaluate_command', 'model_card']
 
 DATASET = 'Fashion-MNIST'
 
@@ -19,11 +19,50 @@ def evaluate_command(folder: str, data: str, solver: Optional[str] = None) -> st
     return f'python -m timm_odevit.hub evaluate {folder} --data {data}' + (f' --solver {solver}' if solver else '')
 
 
+def guidance_line(args: Dict[str, Any], guidance: Optional[Dict[str, Any]] = None) -> str:
+    """A teacher-guided run's guidance as one card line: the teacher, where its targets sit on the student's depth
+    axis and the loss as trained. ``guidance``: the run's record (``results.json``: the task's
+    ``guidance_summary``, defaults resolved); without it, the options as given."""
+    teacher = f'teacher `{args["teacher"]}`'
+    if args.get('teacher_checkpoint'):
+        teacher += f' (weights `{args["teacher_checkpoint"]}`)'
+    if args.get('teacher_kwargs'):
+        teacher += ', kwargs ' + ' '.join(f'{k}={v}' for k, v in dict(args['teacher_kwargs']).items())
+    if not guidance:
+        return teacher + '; loss weights and times as the command gives them (the run recorded no resolved values)'
+    w = guidance['weights']
+    terms = [(w['label'], 'label loss' + (f' (from epoch {guidance["label_loss_start_epoch"]})'
+                                          if guidance['label_loss_start_epoch'] else '')),
+             (w['state'], f'{guidance["state_tokens"].upper() if guidance["state_tokens"] == "cls" else "all-token"} '
+                          f'state MSE (state norm {guidance["state_norm"]})'),
+             (w['attention'], 'CLS attention L1'),
+             (w['logit_kd'], f'logit KD (T={guidance["kd_temperature"]:g})'),
+             (w['jasmin'], f'JaSMin (k={guidance["jasmin_k"]}' + (', detached' if guidance['jasmin_detach'] else '')
+              + ')')]
+    loss = ' + '.join(f'{weight:g} x {name}' for weight, name in terms if weight)
+    times = ', '.join(f'{t:g}' for t in guidance['times']) if guidance['times'] else 'uncalibrated'
+    end = guidance['distill_end_epoch']
+    parts = [teacher,
+             f'{guidance["targets"]} targets (teacher blocks: {guidance["teacher_blocks"]}) at student times '
+             f'{times} (rule {guidance["time_rule"]})',
+             f'loss = {loss}',
+             'teacher terms at full weight throughout' if end is None
+             else f'teacher terms decaying linearly to 0 at epoch {end}']
+    if guidance['copied_from_teacher']:
+        parts.append(f'initialised from the teacher: {", ".join(guidance["copied_from_teacher"])} '
+                     + ('(frozen)' if guidance['copied_frozen'] else '(then trained)'))
+    if guidance['projection']:
+        parts.append("a learned linear projection maps the student's width to the teacher's")
+    return '; '.join(parts)
+
+
 def training_lines(args: Dict[str, Any], cfg: Dict[str, Any], threads: Optional[int] = None,
-                   history: Optional[List[Dict[str, Any]]] = None) -> Dict[str, str]:
+                   history: Optional[List[Dict[str, Any]]] = None,
+                   guidance: Optional[Dict[str, Any]] = None) -> Dict[str, str]:
     """One run of ``python -m timm_odevit.train`` (its options as a dict) as card lines: data, schedule, budget,
-    model kwargs and the command that reruns it. ``threads``: the run's CPU threads (default: what the run
-    recorded, else 1); ``history``: its per-epoch record (``results.json``), for the wall time."""
+    model kwargs, the teacher guidance of a guided run and the command that reruns it. ``threads``: the run's CPU
+    threads (default: what the run recorded, else 1); ``history`` and ``guidance``: its per-epoch record and its
+    resolved guidance (``results.json``), for the wall time and the teacher line."""
     size = cfg['input_size']
     kwargs = args.get('model_kwargs') or {}
     threads = threads or args.get('threads') or 1
@@ -50,8 +89,10 @@ def training_lines(args: Dict[str, Any], cfg: Dict[str, Any], threads: Optional[
         'budget': f'{budget}, {where}, {precision}',
         'model kwargs while training': ', '.join(f'{k}={v}' for k, v in kwargs.items())
                                        or 'none (the registered defaults)',
-        'command': f'`{format_command(args, threads)}`',
     }
+    if args.get('teacher'):
+        lines['teacher guidance'] = guidance_line(args, guidance)
+    lines['command'] = f'`{format_command(args, threads)}`'
     return lines
 
 
@@ -104,8 +145,10 @@ def model_card(
         'tags': ['image-classification', 'timm', 'timm_odevit'],
         'license': 'apache-2.0',
         'description': description or (
-            f'`{arch}` trained from scratch on {DATASET} (28x28 grey clothing images, 10 classes, resized to '
-            f'{size[-1]} px) on a CPU; the training recipe and the measured top-1 are below.'),
+            f'`{arch}` trained ' + ('guided by a teacher (trajectory distillation)' if recipe and 'teacher guidance'
+                                    in recipe else 'from scratch')
+            + f' on {DATASET} (28x28 grey clothing images, 10 classes, resized to {size[-1]} px) on a CPU; the '
+            'training recipe and the measured top-1 are below.'),
         'details': details,
         'usage': usage,
     }

@@ -102,10 +102,10 @@ def export_checkpoint(
     metrics = measure(model, f'{root}/{arch}.{tag}', full_test, (args.get('model_kwargs') or {}).get('ode_steps'))
     recipe = None
     if args.get('trainer') == PROG:
-        # the run's per-epoch record beside its checkpoint gives the card its wall time
+        # the run's record beside its checkpoint gives the card its wall time and a guided run's resolved guidance
         results = Path(checkpoint).parent / 'results.json'
-        history = json.loads(results.read_text()).get('history') if results.is_file() else None
-        recipe = training_lines(args, cfg, threads, history)
+        record = json.loads(results.read_text()) if results.is_file() else {}
+        recipe = training_lines(args, cfg, threads, record.get('history'), record.get('guidance'))
     repo = export(model, arch, tag, root, model_card(arch, tag, model, metrics, recipe, description, dtype), dtype)
     return {'repo': str(repo), **{k: v['top1'] for k, v in metrics.items()}}
 

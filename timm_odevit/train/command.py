@@ -36,7 +36,7 @@ from timm.utils import (
 from timm.utils.distributed import init_distributed_device_so
 
 from ..data import FASHION_MNIST_MEAN, FASHION_MNIST_STD, augment_batch, build_dataset
-from ..distill import LOSS_KEYS, STATE_NORMS, TrajectoryDistillationTask, indices_to_times
+from ..distill import LOSS_KEYS, STATE_NORMS, TrajectoryDistillationTask, find_attention_module, indices_to_times
 from ..evaluate import evaluate
 from .checkpoint import checkpoint_args, read_checkpoint
 
@@ -220,6 +220,7 @@ def build_task(args: argparse.Namespace, device: torch.device) -> torch.nn.Modul
         t_kwargs.setdefault('num_classes', args.num_classes)
         teacher = timm.create_model(args.teacher, checkpoint_path=args.teacher_checkpoint, **t_kwargs)
     same_labels = getattr(teacher, 'num_classes', None) == model.num_classes
+    teacher_maps = find_attention_module(teacher) is not None  # an SSoG teacher has none
     teacher = DistillationTeacher(teacher, device=device)
     mixer = model.trunk.field_blocks()[-1].mixer
     has_maps = bool(getattr(mixer, 'supports_attn_maps', False))
@@ -239,7 +240,8 @@ def build_task(args: argparse.Namespace, device: torch.device) -> torch.nn.Modul
         state_tokens=args.state_tokens,
         state_norm=args.state_norm,
         state_loss_weight=args.state_weight,
-        attn_loss_weight=(0.25 if has_maps else 0.) if args.attn_weight is None else args.attn_weight,
+        attn_loss_weight=((0.25 if has_maps and teacher_maps else 0.) if args.attn_weight is None
+                          else args.attn_weight),
         kd_loss_weight=(1. if same_labels else 0.) if args.kd_weight is None else args.kd_weight,
         kd_temperature=args.kd_temperature,
         criterion=criterion,
@@ -456,6 +458,9 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
         dist.all_gather_object(digests, digest)
     results = {'model': args.model, 'teacher': args.teacher, 'epochs': num_epochs, 'world_size': world,
                'output_dir': output_dir, 'rank_state_sha256': digests, **final, 'history': history}
+    if hasattr(task, 'guidance_summary'):
+        # the guidance as trained (defaults resolved, times calibrated): the card states it from here
+        results['guidance'] = task.guidance_summary()
     if primary:
         with open(os.path.join(output_dir, 'results.json'), 'w') as f:
             json.dump(results, f, indent=2)
