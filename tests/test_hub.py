@@ -537,6 +537,21 @@ def test_training_budget_from_cards(tmp_path):
         training_budget(card)
 
 
+def test_weights_table_gives_an_ode_weights_training_grid_top1(tmp_path):
+    """The weights table's top-1 is at the registered solver; an ODE weight trained on another grid has its full-test
+    top-1 there beside it, read from its card; other weights show '-'."""
+    from timm_odevit.hub.table import weights_table
+    for name in ('dense_vit_tiny_patch4_32.fmnist', 'odevit_tiny_patch4_32.fmnist'):
+        shutil.copytree(REPO_ROOT / 'weights' / name, tmp_path / name)
+    card = tmp_path / 'odevit_tiny_patch4_32.fmnist' / 'README.md'
+    text, n = re.subn(r'(test set \(10,000 images\), solved as trained \()\d+( Euler steps\): top-1 )[\d.]+%',
+                      r'\g<1>17\g<2>77.77%', card.read_text())
+    assert n == 1
+    card.write_text(text)
+    dense, ode = weights_table(tmp_path).splitlines()[2:]
+    assert dense.endswith('| - |') and ode.endswith('| 77.77% (17 steps) |'), (dense, ode)
+
+
 def test_matched_table_pairs_only_same_recipe(tmp_path):
     """An SSoG weight and its dense twin form a row only when one command (the model name aside) trained both."""
     from timm_odevit.hub.table import card_facts, matched_table
