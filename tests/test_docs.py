@@ -67,12 +67,12 @@ def _zoo(table: str) -> Callable[[], str]:
 
 def _weights(kind: str) -> Callable[[], str]:
     def gen() -> str:
-        from timm_odevit.hub.table import learning_curves, matched_table, steered_table, weights_table
+        from timm_odevit.hub.table import guided_table, learning_curves, matched_table, steered_table, weights_table
         if kind == 'curves':
             return learning_curves(REPO_ROOT / 'results' / 'weights')
         if kind == 'steered':
             return steered_table(REPO_ROOT / 'results' / 'weights', REPO_ROOT / 'weights')
-        table = {'matched': matched_table, 'weights': weights_table}[kind]
+        table = {'matched': matched_table, 'guided': guided_table, 'weights': weights_table}[kind]
         return table(REPO_ROOT / 'weights')
     return gen
 
@@ -85,6 +85,7 @@ GENERATORS: Dict[str, Callable[[], str]] = {
     'python -m timm_odevit.zoo paper': _zoo('paper'),
     'python -m timm_odevit.hub table --root weights': _weights('weights'),
     'python -m timm_odevit.hub table --kind matched --root weights': _weights('matched'),
+    'python -m timm_odevit.hub table --kind guided --root weights': _weights('guided'),
     'python -m timm_odevit.hub table --kind steered --logs results/weights --root weights': _weights('steered'),
     'python -m timm_odevit.hub table --kind curves --logs results/weights': _weights('curves'),
     'python -m timm_odevit.study report': _study_report,

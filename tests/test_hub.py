@@ -566,6 +566,30 @@ def test_matched_table_pairs_only_same_recipe(tmp_path):
     assert matched_table(tmp_path).splitlines()[2:] == []  # another seed: not a matched pair
 
 
+def test_guided_table_pairs_a_guided_weight_with_its_scratch_twin(tmp_path):
+    """A weight trained with a teacher and one of the same architecture trained by the same command without the
+    teacher's options form a row (guided minus scratch, at the registered solver and on the training grid); another
+    seed is another recipe, not a row."""
+    from timm_odevit.hub.table import guided_table
+    base = 'looped_vit_tiny_patch4_32'
+    scratch, guided = tmp_path / f'{base}.fmnist', tmp_path / f'{base}.fmnist_distilled'
+    for repo, top1, grid in ((scratch, '87.97', '88.10'), (guided, '90.00', '90.50')):
+        shutil.copytree(REPO_ROOT / 'weights' / f'{base}.fmnist', repo)
+        card = repo / 'README.md'
+        text = re.sub(r'(Fashion-MNIST test set \(10,000 images\): top-1 )[\d.]+%', rf'\g<1>{top1}%', card.read_text())
+        card.write_text(text + f'  - Fashion-MNIST test set (10,000 images), solved as trained (23 Euler steps): top-1 '
+                               f'{grid}% (1/1)\n')
+    card = guided / 'README.md'
+    card.write_text(card.read_text().replace(
+        f'--model {base} ', f'--model {base} --teacher ssog_vit_tiny_patch4_32 --state-norm layernorm '))
+    rows = guided_table(tmp_path).splitlines()[2:]
+    assert len(rows) == 1, rows
+    assert rows[0].startswith(f'| `{base}` | `ssog_vit_tiny_patch4_32` | `{scratch.name}` | 87.97% (23 steps: 88.10%) '
+                              f'| `{guided.name}` | 90.00% (23 steps: 90.50%) | +2.03 (23 steps: +2.40) | > +10 |')
+    card.write_text(card.read_text().replace('--seed 0', '--seed 1'))
+    assert guided_table(tmp_path).splitlines()[2:] == []
+
+
 def test_steered_table_needs_all_three_runs_trained_alike(tmp_path):
     """The three-way table (dense, fixed, steered) compares finished training runs, a row only when one command
     (the model name aside) trained all three, each scored by its EMA top-1 on the validation images."""

@@ -71,9 +71,10 @@ def main(argv: Optional[List[str]] = None) -> int:
     ev.add_argument('--solver', default=None, help="ODE models: 'method:steps', e.g. euler:23 or rk4:6")
 
     t = sub.add_parser('table', help='Markdown tables from the model cards and the training logs: the published '
-                                     'weights, SSoG minus dense for pairs trained alike (matched), dense vs fixed vs '
-                                     'steered SSoG runs trained alike (steered), validation top-1 per epoch (curves)')
-    t.add_argument('--kind', choices=('weights', 'matched', 'steered', 'curves'), default='weights')
+                                     'weights, SSoG minus dense for pairs trained alike (matched), teacher-guided '
+                                     'minus its scratch twin trained alike (guided), dense vs fixed vs steered SSoG '
+                                     'runs trained alike (steered), validation top-1 per epoch (curves)')
+    t.add_argument('--kind', choices=('weights', 'matched', 'guided', 'steered', 'curves'), default='weights')
     t.add_argument('--root', default='weights')
     t.add_argument('--logs', default='results/weights', help='--kind curves and steered: the folder of training runs')
 
@@ -125,8 +126,9 @@ def main(argv: Optional[List[str]] = None) -> int:
         solver = f' with {a.solver}' if a.solver else ''
         print(f'{a.folder} on {a.data}{solver}: top-1 {r["top1"]:.2f}% ({r["correct"]}/{r["n"]})')
     elif a.cmd == 'table':
-        from .table import learning_curves, matched_table, steered_table, weights_table
+        from .table import guided_table, learning_curves, matched_table, steered_table, weights_table
         tables = {'weights': lambda: weights_table(Path(a.root)), 'matched': lambda: matched_table(Path(a.root)),
+                  'guided': lambda: guided_table(Path(a.root)),
                   'steered': lambda: steered_table(Path(a.logs), Path(a.root)),
                   'curves': lambda: learning_curves(Path(a.logs))}
         print(tables[a.kind](), end='')

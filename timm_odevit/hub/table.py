@@ -1,6 +1,6 @@
 """The tables of published weights, read from the model cards (one source of truth: the cards) and the committed
-training logs: the README's weights table, the matched SSoG-minus-dense comparison, the three-way dense, fixed and
-steered SSoG comparison of training runs, and the learning curves."""
+training logs: the README's weights table, the matched SSoG-minus-dense comparison, teacher-guided against scratch,
+the three-way dense, fixed and steered SSoG comparison of training runs, and the learning curves."""
 import csv
 import json
 import math
@@ -9,11 +9,11 @@ from pathlib import Path
 from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 from ..models.families import SETTINGS, Family, family_of
-from ..train import recorded_args
+from ..train import PROG, format_command, recorded_args
 from . import CARD_FILE
 
-__all__ = ['card_command', 'card_facts', 'learning_curves', 'matched_table', 'steered_table', 'training_budget',
-           'weights_table']
+__all__ = ['card_command', 'card_facts', 'guided_table', 'learning_curves', 'matched_table', 'steered_table',
+           'training_budget', 'weights_table']
 
 _FIELDS = {
     'params': r'\*\*Params \(M\):\*\* ([\d.]+)',
@@ -116,6 +116,61 @@ def matched_table(root: Path) -> str:
                      f'{d:.2f}% | {s - d:+.2f} | +{lo} to +{hi} | {training_budget(repo)} |'))
     # the settings in the papers' order (discrete, looped, ODE), as in the study's table; name order within one
     lines += [line for _, line in sorted(rows)]
+    return '\n'.join(lines) + '\n'
+
+
+def _scratch_command(command: str) -> str:
+    """A card's training command with every distillation option at its default, in canonical form: the command
+    that trains the same recipe without a teacher."""
+    from ..train.command import distillation_options
+    args = vars(recorded_args(command))
+    defaults = vars(recorded_args(f'{PROG} --model {args["model"]}'))
+    args.update({k: defaults[k] for k in distillation_options()})
+    return format_command(args)
+
+
+def _top1_cells(repo: Path) -> Tuple[float, Optional[Tuple[str, float]]]:
+    """Full-test top-1 at the registered solver and, for an ODE weight trained on another grid, (steps, top-1)
+    there."""
+    f = card_facts(repo)
+    grid = re.match(r'([\d.]+)% \((\d+) steps\)', f.get('test_trained_grid', ''))
+    return float(f['test']), (grid.group(2), float(grid.group(1))) if grid else None
+
+
+def _training_minutes(repo: Path) -> str:
+    m = re.search(r'([\d.]+) min of training steps', (Path(repo) / CARD_FILE).read_text(encoding='utf-8'))
+    return m.group(1) if m else '?'
+
+
+def guided_table(root: Path) -> str:
+    """Markdown: teacher-guided against scratch, one row per published weight trained with a teacher whose scratch
+    twin (the same architecture under another tag) is published and was trained by the same command without the
+    teacher's options. Top-1 on the full test set at the registered solver, and on the training grid where an ODE
+    weight was trained on another."""
+    from ..study.guidance import PAPER_GUIDANCE_GAIN
+    lines = ['| student | teacher | scratch weights | top-1 scratch | guided weights | top-1 guided | '
+             'guided minus scratch (points) | paper gain | training images seen | training min, scratch / guided |',
+             '|---|---|---|---:|---|---:|---:|---:|---|---:|']
+    # one-stage weights of the training command (older cards name a former command), with their options
+    published = [(p, card_command(p)) for p in sorted(Path(root).iterdir()) if p.is_dir()]
+    published = [(p, c, recorded_args(c)) for p, c in published if c and f' {PROG} ' in f' {c} ']
+    for guided, command, args in published:
+        if not args.teacher:
+            continue
+        arch = guided.name.partition('.')[0]
+        recipe = _scratch_command(command)
+        for scratch, other, other_args in published:
+            if scratch.name.partition('.')[0] != arch or other_args.teacher or _scratch_command(other) != recipe:
+                continue
+            (s, s_grid), (g, g_grid) = _top1_cells(scratch), _top1_cells(guided)
+            cells = [f'{s:.2f}%', f'{g:.2f}%', f'{g - s:+.2f}']
+            if s_grid and g_grid and s_grid[0] == g_grid[0]:
+                steps = s_grid[0]
+                cells = [f'{s:.2f}% ({steps} steps: {s_grid[1]:.2f}%)', f'{g:.2f}% ({steps} steps: {g_grid[1]:.2f}%)',
+                         f'{g - s:+.2f} ({steps} steps: {g_grid[1] - s_grid[1]:+.2f})']
+            lines.append(f'| `{arch}` | `{args.teacher}` | `{scratch.name}` | {cells[0]} | '
+                         f'`{guided.name}` | {cells[1]} | {cells[2]} | > +{PAPER_GUIDANCE_GAIN:g} | '
+                         f'{training_budget(guided)} | {_training_minutes(scratch)} / {_training_minutes(guided)} |')
     return '\n'.join(lines) + '\n'
 
 
