@@ -28,7 +28,8 @@ _TRAINED_GRID = r'test set \(10,000 images\), solved as trained \((\d+) Euler st
 
 def card_facts(repo_dir: Path) -> Dict[str, str]:
     """Params, GMACs, input size and the two top-1 figures a model card states (ValueError naming what is missing),
-    and for an ODE weight trained on another grid its full-test top-1 there (``test_trained_grid``)."""
+    and for an ODE weight trained on another grid its step count and full-test top-1 there (``trained_grid_steps``,
+    ``test_trained_grid``)."""
     card = (Path(repo_dir) / CARD_FILE).read_text(encoding='utf-8')
     facts = {}
     for key, pattern in _FIELDS.items():
@@ -39,7 +40,7 @@ def card_facts(repo_dir: Path) -> Dict[str, str]:
         facts[key] = m.group(1) if key != 'image' else f'{m.group(2)}x{m.group(1)}x{m.group(1)}'
     m = re.search(_TRAINED_GRID, card)
     if m:
-        facts['test_trained_grid'] = f'{m.group(2)}% ({m.group(1)} steps)'
+        facts['trained_grid_steps'], facts['test_trained_grid'] = m.groups()
     return facts
 
 
@@ -66,7 +67,9 @@ def weights_table(root: Path) -> str:
     for repo in sorted(p for p in Path(root).iterdir() if p.is_dir()):
         f = card_facts(repo)
         lines.append(f'| `{repo.name}` | {f["image"]} | {f["params"]} | {f["gmacs"]} | {training_budget(repo)} | '
-                     f'{f["sample"]}% | {f["test"]}% | {f.get("test_trained_grid", "-")} |')
+                     f'{f["sample"]}% | {f["test"]}% | '
+                     + (f'{f["test_trained_grid"]}% ({f["trained_grid_steps"]} steps) |' if 'test_trained_grid' in f
+                        else '- |'))
     return '\n'.join(lines) + '\n'
 
 
@@ -133,8 +136,8 @@ def _top1_cells(repo: Path) -> Tuple[float, Optional[Tuple[str, float]]]:
     """Full-test top-1 at the registered solver and, for an ODE weight trained on another grid, (steps, top-1)
     there."""
     f = card_facts(repo)
-    grid = re.match(r'([\d.]+)% \((\d+) steps\)', f.get('test_trained_grid', ''))
-    return float(f['test']), (grid.group(2), float(grid.group(1))) if grid else None
+    grid = (f['trained_grid_steps'], float(f['test_trained_grid'])) if 'test_trained_grid' in f else None
+    return float(f['test']), grid
 
 
 def _training_minutes(repo: Path) -> str:
