@@ -566,6 +566,19 @@ def test_matched_table_pairs_only_same_recipe(tmp_path):
     assert matched_table(tmp_path).splitlines()[2:] == []  # another seed: not a matched pair
 
 
+def test_card_says_which_weights_a_run_with_an_ema_publishes():
+    """A run that kept an EMA is published either with it or with its raw last-epoch weights; the card says which."""
+    from timm_odevit.hub.card import training_lines
+    from timm_odevit.models.pretrained import FMNIST_CFG
+    from timm_odevit.train import parse_args
+    args = vars(parse_args(['--model', 'odevit_tiny_patch4_32', '--model-ema']))
+    assert training_lines(args, FMNIST_CFG)['schedule'].endswith('fp32, EMA weights')
+    raw = training_lines(args, FMNIST_CFG, ema_published=False)['schedule']
+    assert raw.endswith('fp32, an EMA kept but not published: these are the raw weights of the last epoch')
+    args['model_ema'] = False
+    assert training_lines(args, FMNIST_CFG)['schedule'].endswith('fp32')
+
+
 def test_guided_table_pairs_a_guided_weight_with_its_scratch_twin(tmp_path):
     """A weight trained with a teacher and one of the same architecture trained by the same command without the
     teacher's options form a row (guided minus scratch, at the registered solver and on the training grid); another

@@ -58,11 +58,12 @@ def guidance_line(args: Dict[str, Any], guidance: Optional[Dict[str, Any]] = Non
 
 def training_lines(args: Dict[str, Any], cfg: Dict[str, Any], threads: Optional[int] = None,
                    history: Optional[List[Dict[str, Any]]] = None,
-                   guidance: Optional[Dict[str, Any]] = None) -> Dict[str, str]:
+                   guidance: Optional[Dict[str, Any]] = None, ema_published: bool = True) -> Dict[str, str]:
     """One run of ``python -m timm_odevit.train`` (its options as a dict) as card lines: data, schedule, budget,
     model kwargs, the teacher guidance of a guided run and the command that reruns it. ``threads``: the run's CPU
     threads (default: what the run recorded, else 1); ``history`` and ``guidance``: its per-epoch record and its
-    resolved guidance (``results.json``), for the wall time and the teacher line."""
+    resolved guidance (``results.json``), for the wall time and the teacher line; ``ema_published``: whether a run
+    that kept an EMA is published with its EMA weights."""
     size = cfg['input_size']
     kwargs = args.get('model_kwargs') or {}
     threads = threads or args.get('threads') or 1
@@ -85,7 +86,8 @@ def training_lines(args: Dict[str, Any], cfg: Dict[str, Any], threads: Optional[
                     f'weight decay {args["weight_decay"]}, {args["warmup_epochs"]} warm-up epoch(s) then '
                     f'{args.get("sched", "cosine")} per step to {args["min_lr"]}, grad clip {args["clip_grad"]}, '
                     + (f'label smoothing {args["smoothing"]}, ' if args.get('smoothing') else '')
-                    + precision + (', EMA weights' if args.get('model_ema') else ''),
+                    + precision + ((', EMA weights' if ema_published else ', an EMA kept but not published: these are '
+                                   'the raw weights of the last epoch') if args.get('model_ema') else ''),
         'budget': f'{budget}, {where}, {precision}',
         'model kwargs while training': ', '.join(f'{k}={v}' for k, v in kwargs.items())
                                        or 'none (the registered defaults)',

@@ -105,7 +105,7 @@ def export_checkpoint(
         # the run's record beside its checkpoint gives the card its wall time and a guided run's resolved guidance
         results = Path(checkpoint).parent / 'results.json'
         record = json.loads(results.read_text()) if results.is_file() else {}
-        recipe = training_lines(args, cfg, threads, record.get('history'), record.get('guidance'))
+        recipe = training_lines(args, cfg, threads, record.get('history'), record.get('guidance'), use_ema)
     repo = export(model, arch, tag, root, model_card(arch, tag, model, metrics, recipe, description, dtype), dtype)
     return {'repo': str(repo), **{k: v['top1'] for k, v in metrics.items()}}
 
