@@ -458,7 +458,7 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
         dist.all_gather_object(digests, digest)
     results = {'model': args.model, 'teacher': args.teacher, 'epochs': num_epochs, 'world_size': world,
                'output_dir': output_dir, 'rank_state_sha256': digests, **final, 'history': history}
-    if hasattr(task, 'guidance_summary'):
+    if isinstance(task, TrajectoryDistillationTask):
         # the guidance as trained (defaults resolved, times calibrated): the card states it from here
         results['guidance'] = task.guidance_summary()
     if primary:
