@@ -154,16 +154,15 @@ def guided_table(root: Path) -> str:
     lines = ['| student | teacher | scratch weights | top-1 scratch | guided weights | top-1 guided | '
              'guided minus scratch (points) | paper gain | training images seen | training min, scratch / guided |',
              '|---|---|---|---:|---|---:|---:|---:|---|---:|']
-    # one-stage weights of the training command (older cards name a former command), with their options
-    published = [(p, card_command(p)) for p in sorted(Path(root).iterdir()) if p.is_dir()]
-    published = [(p, c, recorded_args(c)) for p, c in published if c and f' {PROG} ' in f' {c} ']
-    for guided, command, args in published:
+    # one-stage weights of the training command (older cards name a former command): options and teacher-free recipe
+    commands = [(p, card_command(p)) for p in sorted(Path(root).iterdir()) if p.is_dir()]
+    published = [(p, recorded_args(c), _scratch_command(c)) for p, c in commands if c and f' {PROG} ' in f' {c} ']
+    for guided, args, recipe in published:
         if not args.teacher:
             continue
         arch = guided.name.partition('.')[0]
-        recipe = _scratch_command(command)
-        for scratch, other, other_args in published:
-            if scratch.name.partition('.')[0] != arch or other_args.teacher or _scratch_command(other) != recipe:
+        for scratch, other_args, other_recipe in published:
+            if scratch.name.partition('.')[0] != arch or other_args.teacher or other_recipe != recipe:
                 continue
             (s, s_grid), (g, g_grid) = _top1_cells(scratch), _top1_cells(guided)
             cells = [f'{s:.2f}%', f'{g:.2f}%', f'{g - s:+.2f}']
