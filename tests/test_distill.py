@@ -341,6 +341,35 @@ def test_compile_wraps_the_student_and_keeps_eval_and_checkpoint_plain(batch):
     assert torch.isfinite(out['loss'])
 
 
+@pytest.mark.parametrize('name,times', [
+    ('odevit_tiny_patch4_32', [0.75, 1.5, 3.]), ('looped_vit_tiny_patch4_32', [1., 3.]),
+    ('dense_vit_tiny_patch4_32', [2., 3.]), ('looped_vit_tiny_patch4_32', [1.])])
+def test_trajectory_forward_is_one_graph_with_the_last_evaluations_map(name, times, batch):
+    """The guided training forward (states at the targets and the last field evaluation's attention) traces as one
+    graph, and its map is the one the mixer computes at its last call (seen here by a hook, in eager)."""
+    from timm_odevit.distill.task import TrajectoryTrainableModule
+    kwargs = dict(ode_steps=4, depth=3) if name.startswith('odevit') else {}
+    student = make_student(name, **kwargs).eval()
+    block = student.trunk.field_blocks()[-1]
+    seen = []
+    handle = block.mixer.register_forward_hook(lambda m, args, out: seen.append(args[0]))
+    with torch.no_grad():
+        student(batch[0])
+    handle.remove()
+    expected = block.mixer(seen[-1], (8, 8), return_attn=True)[1]
+    module = TrajectoryTrainableModule(student)
+    torch._dynamo.reset()
+    explained = torch._dynamo.explain(module)(batch[0], times, return_attn=True)
+    assert explained.graph_count == 1 and explained.graph_break_count == 0, explained.break_reasons
+    torch._dynamo.reset()
+    with torch.no_grad():
+        logits, states, attn = torch.compile(module, fullgraph=True, backend='eager')(batch[0], times, return_attn=True)
+    torch.testing.assert_close(attn, expected)
+    torch.testing.assert_close(logits, student(batch[0]))
+    assert states.shape[0] == len(times)
+    torch._dynamo.reset()
+
+
 def test_clip_parameters_exclude_the_head_by_name():
     """Gradient clipping without the head leaves out exactly the classifier's parameters, wherever it is registered."""
     student = make_student()

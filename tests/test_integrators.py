@@ -169,19 +169,23 @@ def _torchdiffeq_reference(depth, x, times):
 
 @pytest.mark.parametrize('method,steps', [('euler', 12), ('midpoint', 5), ('heun2', 4), ('heun3', 7), ('rk4', 5)])
 def test_fixed_grid_loop_matches_torchdiffeq(method, steps):
-    """Same outputs and gradients as torchdiffeq's odeint on the same grid, at solver points and between them."""
+    """Same outputs, gradients and last evaluated state as torchdiffeq's odeint on the same grid, at solver points
+    and between them."""
     x = _tokens().double().requires_grad_()
     block = _block().double()
     depth = OdeDepth(block, num_layers=12, method=method, steps=steps)
     times = [1.0, 2.5, 7.0, 12.0]  # 2.5 falls between the points of every grid here: linear interpolation
     results = []
-    for solve in (lambda: depth.solve(x, GRID, times), lambda: _torchdiffeq_reference(depth, x, times)):
-        out = solve()
+    for solve in (lambda: depth.solve(x, GRID, times, return_last_input=True),
+                  lambda: _torchdiffeq_reference(depth, x, times)):
+        out, last_input = solve()
         nfe = depth.nfe
         grads = torch.autograd.grad(out.square().sum(), [x] + list(block.parameters()))
-        results.append((out.detach(), grads, nfe))
-    (ours, our_grads, our_nfe), (ref, ref_grads, ref_nfe) = results
+        results.append((out.detach(), grads, nfe, last_input.detach()))
+    (ours, our_grads, our_nfe, our_last), (ref, ref_grads, ref_nfe, ref_last) = results
     torch.testing.assert_close(ours, ref, rtol=1e-10, atol=1e-10)
+    torch.testing.assert_close(our_last, ref_last, rtol=1e-10, atol=1e-10)
+    assert not torch.equal(our_last, x.detach())
     for a, b in zip(our_grads, ref_grads):
         torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-10)
     assert our_nfe == ref_nfe

@@ -103,7 +103,7 @@ class TrajectoryTrainableModule(nn.Module):
     def forward(
             self,
             input: torch.Tensor,
-            times: torch.Tensor,
+            times: Union[torch.Tensor, Sequence[float]],
             return_attn: bool = False,
     ) -> Tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]:
         """(student logits, matched states [K, B, D] or [K, B, 1 + N, D] projected to the teacher's width, and the
@@ -448,7 +448,9 @@ class TrajectoryDistillationTask(TrainingTask):
         with torch.no_grad():
             input_kd = self.teacher.normalize_input(input, self.student_mean, self.student_std)
             t = self._teacher_forward(input_kd.detach(), need_attn=need_t_attn)
-        logits, states, attn = self.trainable_module(input, self.target_times, return_attn=need_s_attn)
+        # times go in as Python floats: the compiled student then traces as one graph (a tensor of times would be
+        # read back inside it)
+        logits, states, attn = self.trainable_module(input, self.target_times.tolist(), return_attn=need_s_attn)
 
         zero = logits.new_zeros(())
         terms = dict.fromkeys(LOSS_KEYS, zero)
@@ -480,7 +482,7 @@ class TrajectoryDistillationTask(TrainingTask):
             self.calibrate(input)
         input_kd = self.teacher.normalize_input(input, self.student_mean, self.student_std)
         t = self._teacher_forward(input_kd, need_attn=False)
-        _, states, _ = self.trainable_module(input, self.target_times, return_attn=False)
+        _, states, _ = self.trainable_module(input, self.target_times.tolist(), return_attn=False)
         teacher_states = t['states'].to(states.dtype)
         return torch.stack([state_matching_loss(states[k:k + 1], teacher_states[k:k + 1], norm or self.state_norm)
                             for k in range(states.shape[0])])

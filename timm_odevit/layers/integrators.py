@@ -14,7 +14,7 @@ on a built model with ``set_solver``.
 """
 import math
 import operator
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
 from torch import nn
@@ -177,9 +177,12 @@ class _OdeFunc(nn.Module):
         self.counts = owner.nfe_counts
         self.phase = 'forward'
         self.use_checkpoint = owner.grad_checkpointing
+        self.last_input: Optional[torch.Tensor] = None
 
     def forward(self, t: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         self.counts[self.phase] += 1
+        if self.phase == 'forward':
+            self.last_input = x
         if self.adaptive and self.phase == 'forward' and self.counts['forward'] > self.max_nfe:
             raise OdeSolverError(
                 f'ODE solve exceeded max_nfe={self.max_nfe} function evaluations at t={float(t):.4g}. The dynamics '
@@ -309,9 +312,13 @@ class OdeDepth(_DepthBase):
         return times
 
     def solve(
-            self, x: torch.Tensor, grid_size: Tuple[int, int], times: Sequence[float],
-    ) -> torch.Tensor:
-        """States at ``times`` (increasing, within (0, t_end], in one solve): a tensor [len(times), *x.shape]."""
+            self, x: torch.Tensor, grid_size: Tuple[int, int], times: Sequence[float], return_last_input: bool = False,
+    ) -> Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]:
+        """States at ``times`` (increasing, within (0, t_end], in one solve): a tensor [len(times), *x.shape].
+
+        With ``return_last_input``, also the state the field was last evaluated at (what trajectory distillation
+        recomputes an attention map from): returned, not captured by a hook, so a compiled solve stays one graph.
+        """
         if isinstance(times, torch.Tensor):
             if times.ndim != 1:
                 raise ValueError('times must be a non-empty 1-D sequence.')
@@ -319,13 +326,16 @@ class OdeDepth(_DepthBase):
         times = self._check_times(times)
         constants = field_constants(self.block, grid_size)
         if self.method in RK_TABLEAUS and not (self.adjoint and torch.is_grad_enabled()):
-            return self._solve_fixed_grid(x, grid_size, times, constants)
-        return self._solve_torchdiffeq(x, grid_size, times, constants)
+            states, last_input = self._solve_fixed_grid(x, grid_size, times, constants)
+        else:
+            states, last_input = self._solve_torchdiffeq(x, grid_size, times, constants)
+        return (states, last_input) if return_last_input else states
 
     def _solve_fixed_grid(
             self, x: torch.Tensor, grid_size: Tuple[int, int], times: List[float], constants: Dict[str, Any],
-    ) -> torch.Tensor:
-        """Explicit Runge-Kutta on ``solver_grid``, states at ``times`` by linear interpolation between points."""
+    ) -> Tuple[torch.Tensor, torch.Tensor]:
+        """Explicit Runge-Kutta on ``solver_grid``: states at ``times`` by linear interpolation between points, and
+        the input of the last field evaluation."""
         a, b = RK_TABLEAUS[self.method]
         eps = 1e-6 * self.grid_end
         grid = self.solver_grid(times[-1])
@@ -335,12 +345,14 @@ class OdeDepth(_DepthBase):
         y0 = x
         for t0, t1 in zip(grid[:-1], grid[1:]):
             dt = t1 - t0
+            last_input = y0
             k = [self._apply_block(self.block, y0, grid_size, constants)]
             for row in a:
                 yi = y0
                 for aij, kj in zip(row, k):
                     if aij:
                         yi = yi + kj * (dt * aij)
+                last_input = yi
                 k.append(self._apply_block(self.block, yi, grid_size, constants))
             y1 = y0
             for bi, ki in zip(b, k):
@@ -352,20 +364,21 @@ class OdeDepth(_DepthBase):
                 j += 1
             y0 = y1
         self.nfe_counts['forward'] = self.nfe
-        return torch.stack(out)
+        return torch.stack(out), last_input
 
     def _solve_torchdiffeq(
             self, x: torch.Tensor, grid_size: Tuple[int, int], times: List[float], constants: Dict[str, Any],
-    ) -> torch.Tensor:
-        """The library path: adaptive and Adams methods, the adjoint, and the reference for the fixed-grid loop."""
+    ) -> Tuple[torch.Tensor, torch.Tensor]:
+        """The library path (adaptive and Adams methods, the adjoint, and the reference for the fixed-grid loop):
+        states at ``times`` and the input of the last forward field evaluation."""
         self.nfe_counts['forward'] = self.nfe_counts['backward'] = 0
         if x.is_meta:
             # meta tensors carry shapes only; torchdiffeq's checks need values
-            return torch.stack([x + self.block(x, grid_size, **constants) for _ in times])
+            return torch.stack([x + self.block(x, grid_size, **constants) for _ in times]), x
         if x.numel() == 0:
             # nothing to solve (an adaptive step-size controller cannot measure an empty state)
             self.nfe = 0
-            return x.new_empty((len(times), *x.shape))
+            return x.new_empty((len(times), *x.shape)), x
         t_dtype = torch.float32 if x.dtype in (torch.float16, torch.bfloat16) else x.dtype
         t = torch.tensor([0.] + times, dtype=t_dtype, device=x.device)
         options = {}
@@ -388,7 +401,7 @@ class OdeDepth(_DepthBase):
         finally:
             self.nfe = self.nfe_counts['forward']
             func.phase = 'backward'
-        return out[1:]
+        return out[1:], func.last_input
 
     @staticmethod
     def _torchdiffeq_grid(grid: List[float], t: torch.Tensor) -> torch.Tensor:

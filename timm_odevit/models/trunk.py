@@ -474,6 +474,7 @@ class DepthVisionTransformer(nn.Module):
             (final tokens after the final norm [B, N, D], states before the norm [len(times), B, N, D], and with
             ``return_attn`` the attention maps [B, heads, N, N] of the last field evaluation, else None).
         """
+        # a list of floats is the compile-friendly form: a tensor is read back to the host (a graph break)
         times = [float(t) for t in (times.flatten().tolist() if isinstance(times, torch.Tensor) else times)]
         if not times or any(b <= a for a, b in zip(times[:-1], times[1:])):
             raise ValueError(f'times must be a non-empty, strictly increasing sequence, got {times}.')
@@ -481,29 +482,29 @@ class DepthVisionTransformer(nn.Module):
         if return_attn and not getattr(block.mixer, 'supports_attn_maps', False):
             raise TypeError(f'{type(block.mixer).__name__} cannot return attention maps; only dense attention can.')
         x, grid_size = self._embed(x)
-        captured: Dict[str, torch.Tensor] = {}
-        # the solver calls the field many times: keep only the input of the last call, then recompute its map once
-        # (an explicit map at every step would cost the fused attention path on every evaluation)
-        handle = block.mixer.register_forward_pre_hook(
-            lambda module, args: captured.__setitem__('x', args[0])) if return_attn else None
-        try:
-            if isinstance(self.trunk, OdeDepth):
-                t_end = self.trunk.t_end
-                ends_early = times[-1] < t_end * (1 - 1e-6)
-                all_states = self.trunk.solve(x, grid_size, times + [t_end] if ends_early else times)
-                final, states = all_states[-1], all_states[:len(times)]
-            else:
-                layers = [round(t) for t in times]
-                off_grid = any(abs(t - n) > 1e-6 for t, n in zip(times, layers))
-                if off_grid or layers[0] < 1 or layers[-1] > self.trunk.num_layers:
-                    raise ValueError(f'A {self.depth_mode} trunk has states only at layers 1..{self.trunk.num_layers}; '
-                                     f'got times {times}.')
-                final, state_list = self.trunk(x, grid_size, take_indices=[n - 1 for n in layers])
-                states = torch.stack(state_list)
-        finally:
-            if handle is not None:
-                handle.remove()
-        attn = block.mixer(captured['x'], grid_size, return_attn=True)[1] if return_attn else None
+        if isinstance(self.trunk, OdeDepth):
+            t_end = self.trunk.t_end
+            ends_early = times[-1] < t_end * (1 - 1e-6)
+            all_states, last_input = self.trunk.solve(
+                x, grid_size, times + [t_end] if ends_early else times, return_last_input=True)
+            final, states = all_states[-1], all_states[:len(times)]
+        else:
+            layers = [round(t) for t in times]
+            off_grid = any(abs(t - n) > 1e-6 for t, n in zip(times, layers))
+            if off_grid or layers[0] < 1 or layers[-1] > self.trunk.num_layers:
+                raise ValueError(f'A {self.depth_mode} trunk has states only at layers 1..{self.trunk.num_layers}; '
+                                 f'got times {times}.')
+            take = [n - 1 for n in layers]
+            # the last block's input is the state after layer L - 1 (the embedding when L == 1)
+            before_last = self.trunk.num_layers - 2
+            needed = sorted(set(take + ([before_last] if return_attn and before_last >= 0 else [])))
+            final, state_list = self.trunk(x, grid_size, take_indices=needed)
+            by_index = dict(zip(needed, state_list))
+            states = torch.stack([by_index[i] for i in take])
+            last_input = by_index.get(before_last, x)
+        # the solver evaluates the field many times: recompute the map of its last evaluation once (an explicit map
+        # at every evaluation would cost the fused attention path on each)
+        attn = block.mixer(block.norm_mixer(last_input), grid_size, return_attn=True)[1] if return_attn else None
         return self.norm(final), states, attn
 
 
