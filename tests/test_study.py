@@ -217,6 +217,34 @@ def test_guidance_report_pairs_seeds_and_reads_the_trajectory(guidance, idx_fold
         next(run_study(root, guidance_runs(setup, (0,)), TINY, setup=dict(setup, guide='--state-norm cosine')))
 
 
+def test_guidance_report_keeps_the_committed_trajectory_of_runs_without_checkpoints(guidance, idx_folder, tmp_path):
+    """Checkpoints are not committed: regenerated elsewhere, the report keeps the trajectory an earlier report wrote
+    for a run whose checkpoint is gone, and names a run it has no trajectory for instead of failing."""
+    root = tmp_path / 'guidance'
+    shutil.copytree(guidance[0], root)
+    # the fixture's teacher is random, built anew by each report: the same seed gives the same one
+    torch.manual_seed(0)
+    write_guidance_report(root, test_samples=32, data_dir=str(idx_folder))
+    before = list(csv.reader(open(root / 'guidance.csv')))
+    (root / 'runs' / 'odevit_tiny_patch4_32-scratch-seed1' / 'last.pth.tar').unlink()
+    torch.manual_seed(0)
+    table = write_guidance_report(root, test_samples=32, data_dir=str(idx_folder))
+    assert list(csv.reader(open(root / 'guidance.csv'))) == before
+    assert 'scratch seed 1 from the committed guidance.csv' in table
+    (root / 'guidance.csv').unlink()
+    torch.manual_seed(0)
+    table = write_guidance_report(root, test_samples=32, data_dir=str(idx_folder))
+    rows = {(r[0], r[1]): r[3:] for r in csv.reader(open(root / 'guidance.csv'))}
+    kept = next(r[3:] for r in before if r[:2] == ['scratch', '0'])
+    assert rows['scratch', '1'] == [] and rows['scratch', '0'] == kept
+    assert 'without scratch seed 1' in table
+    for path in (root / 'runs').glob('*-guided-seed*/last.pth.tar'):
+        path.unlink()
+    (root / 'guidance.csv').unlink()
+    with pytest.raises(FileNotFoundError, match='no guided checkpoint'):
+        write_guidance_report(root, test_samples=32, data_dir=str(idx_folder))
+
+
 def test_guided_run_records_and_cards_its_guidance(guidance, tmp_path):
     """A guided run's results.json holds its guidance with the defaults resolved (attention, JaSMin and logit KD on
     for an attention student and a same-label teacher); its exported card names the teacher, the student times of

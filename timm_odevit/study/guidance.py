@@ -116,34 +116,82 @@ def guidance_variants(roots: Sequence[Path]) -> str:
     return '\n'.join(lines) + '\n'
 
 
-def _trajectory(runs: Dict[str, Dict[int, Path]], data_dir: Optional[str], test_samples: int) -> Dict[str, Any]:
+def _committed_trajectory(root: Path) -> Dict[str, Any]:
+    """The trajectory an earlier report committed (``guidance.csv``): times and gaps per (arm, seed), or empty."""
+    path = root / 'guidance.csv'
+    if not path.is_file():
+        return {}
+    rows = list(csv.reader(open(path, newline='')))
+    times = [float(c[len('gap_t'):]) for c in rows[0][3:]]
+    return {'times': times, 'gaps': {(r[0], int(r[1])): [float(v) for v in r[3:]] for r in rows[1:] if r[3:]}}
+
+
+def _trajectory(root: Path, runs: Dict[str, Dict[int, Path]], data_dir: Optional[str],
+                test_samples: int) -> Dict[str, Any]:
     """Per arm and seed, the student's distance to the teacher at each target time of the guided run (its
     calibrated times, so both arms are read at the same depths), with the teacher the guided run was given, on
-    test images preprocessed as the training command does."""
+    test images preprocessed as the training command does.
+
+    Checkpoints are not committed: a run whose checkpoint is gone keeps the gaps an earlier report wrote to
+    ``guidance.csv`` (same times; measured on the first ``test_samples`` images when the reports agree on it), and a
+    run with neither is left out of the trajectory and named in ``missing``."""
     from timm.data import resolve_data_config
     from timm.models import load_state_dict
     from .. import data as fm
     from ..train import read_checkpoint
     from ..train.command import build_task, input_stats
-    ckpt = read_checkpoint(str(next(iter(runs['guided'].values())) / 'last.pth.tar'))
-    args = ckpt['args']
-    task = build_task(args, torch.device('cpu'))
-    task.load_task_state(ckpt.get('task_state'))
-    task.eval()
-    student = task.get_eval_model()
-    data_cfg = resolve_data_config({}, model=student)
-    data_cfg['input_size'] = (args.in_chans, *student.patch_embed.img_size)
-    mean, std = input_stats(args, data_cfg)
-    images, _ = fm.load_tensors(data_dir, 'test', model=student, limit=test_samples,
-                                input_size=data_cfg['input_size'], mean=mean, std=std)
-    gaps: Dict[str, Dict[int, List[float]]] = {}
+    committed = _committed_trajectory(root)
+    with_ckpt = {arm: {seed: p for seed, p in by_seed.items() if (p / 'last.pth.tar').is_file()}
+                 for arm, by_seed in runs.items()}
+    gaps: Dict[str, Dict[int, List[float]]] = {arm: {} for arm in runs}
+    reused, missing = [], []
+    if with_ckpt['guided']:
+        ckpt = read_checkpoint(str(next(iter(with_ckpt['guided'].values())) / 'last.pth.tar'))
+        args = ckpt['args']
+        task = build_task(args, torch.device('cpu'))
+        task.load_task_state(ckpt.get('task_state'))
+        task.eval()
+        student = task.get_eval_model()
+        data_cfg = resolve_data_config({}, model=student)
+        data_cfg['input_size'] = (args.in_chans, *student.patch_embed.img_size)
+        mean, std = input_stats(args, data_cfg)
+        images, _ = fm.load_tensors(data_dir, 'test', model=student, limit=test_samples,
+                                    input_size=data_cfg['input_size'], mean=mean, std=std)
+        times = [round(float(t), 3) for t in task.target_times]
+        for arm, by_seed in with_ckpt.items():
+            for seed, path in by_seed.items():
+                # the weights results.json's top-1 was measured on, not an EMA
+                with torch.serialization.safe_globals([argparse.Namespace]):
+                    student.load_state_dict(load_state_dict(str(path / 'last.pth.tar'), use_ema=False))
+                gaps[arm][seed] = task.state_gaps(images, TRAJECTORY_NORM).tolist()
+        num_images = len(images)
+    elif committed:
+        times, num_images = [round(t, 3) for t in committed['times']], test_samples
+    else:
+        raise FileNotFoundError(f'{root / "runs"} has no guided checkpoint (last.pth.tar) and {root / "guidance.csv"} '
+                                'no committed trajectory: rerun a guided run to read the trajectory.')
+    same_times = bool(committed) and [round(t, 3) for t in committed['times']] == times
     for arm, by_seed in runs.items():
-        for seed, path in by_seed.items():
-            # the weights results.json's top-1 was measured on, not an EMA
-            with torch.serialization.safe_globals([argparse.Namespace]):
-                student.load_state_dict(load_state_dict(str(path / 'last.pth.tar'), use_ema=False))
-            gaps.setdefault(arm, {})[seed] = task.state_gaps(images, TRAJECTORY_NORM).tolist()
-    return {'times': [round(float(t), 3) for t in task.target_times], 'gaps': gaps, 'images': len(images)}
+        for seed in sorted(set(by_seed) - set(with_ckpt[arm])):
+            if same_times and (arm, seed) in committed['gaps']:
+                gaps[arm][seed] = committed['gaps'][arm, seed]
+                reused.append(f'{arm} seed {seed}')
+            else:
+                missing.append(f'{arm} seed {seed}')
+    for arm in runs:
+        if not gaps[arm]:
+            raise FileNotFoundError(f'No {arm} run under {root / "runs"} has a checkpoint or a committed trajectory '
+                                    'in guidance.csv: rerun one to read the trajectory.')
+    return {'times': times, 'gaps': gaps, 'images': num_images, 'reused': reused, 'missing': missing}
+
+
+def _trajectory_sources(traj: Dict[str, Any]) -> str:
+    notes = []
+    if traj['reused']:
+        notes.append(f'{", ".join(traj["reused"])} from the committed guidance.csv (checkpoint not on this machine)')
+    if traj['missing']:
+        notes.append(f'without {", ".join(traj["missing"])} (no checkpoint, no committed trajectory)')
+    return f'; {"; ".join(notes)}' if notes else ''
 
 
 def write_guidance_report(root: Path, test_samples: int = 256, data_dir: Optional[str] = None) -> str:
@@ -162,13 +210,14 @@ def write_guidance_report(root: Path, test_samples: int = 256, data_dir: Optiona
     # the budget is matched in images; the guided arm also pays for the teacher's forward
     minutes = {arm: statistics.mean(sum(h['train_seconds'] for h in r['history']) / 60 for r in by_seed.values())
                for arm, by_seed in results.items()}
-    traj = _trajectory(runs, data_dir, test_samples)
+    traj = _trajectory(root, runs, data_dir, test_samples)
     with open(root / 'guidance.csv', 'w', newline='') as f:
         w = csv.writer(f)
         w.writerow(['arm', 'seed', 'top1'] + [f'gap_t{t}' for t in traj['times']])
         for arm in ARMS:
             for seed in sorted(top1[arm]):
-                w.writerow([arm, seed, round(top1[arm][seed], 2)] + [round(g, 4) for g in traj['gaps'][arm][seed]])
+                w.writerow([arm, seed, round(top1[arm][seed], 2)]
+                           + [round(g, 4) for g in traj['gaps'][arm].get(seed, [])])
     paired = _paired_gains(top1)
     gain = statistics.mean(paired) if paired else float('nan')
     lines = [
@@ -181,7 +230,8 @@ def write_guidance_report(root: Path, test_samples: int = 256, data_dir: Optiona
         f'{minutes["scratch"]:.1f} / {minutes["guided"]:.1f} |',
         '',
         f'Trajectory: 1 - cosine similarity of the student\'s CLS state at each target time and the teacher\'s block '
-        f'output, on the first {traj["images"]} test images (mean over seeds; 0 = aligned, 1 = orthogonal):',
+        f'output, on the first {traj["images"]} test images (mean over seeds; 0 = aligned, 1 = orthogonal)'
+        + _trajectory_sources(traj) + ':',
         '',
         '| arm | ' + ' | '.join(f't = {t:g}' for t in traj['times']) + ' |',
         '|---|' + '---:|' * len(traj['times']),
