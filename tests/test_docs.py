@@ -91,6 +91,8 @@ GENERATORS: Dict[str, Callable[[], str]] = {
     'python -m timm_odevit.study report': _study_report,
     'python -m timm_odevit.study elasticity (writes results/fmnist_study/elasticity.md)':
         _committed('results/fmnist_study/elasticity.md'),
+    'python -m timm_odevit.hub elasticity --root weights (writes results/weights/elasticity.md)':
+        _committed('results/weights/elasticity.md'),
     'python -m timm_odevit.study guidance-report (writes results/guidance/guidance.md)':
         _committed('results/guidance/guidance.md'),
     'python -m timm_odevit.study guidance-report --out-dir results/guidance_noinit '
