@@ -78,6 +78,19 @@ def interleaved_medians(fns: Dict[str, Callable[[], None]], repeats: int, warmup
     return {k: statistics.median(v) for k, v in times.items()}
 
 
+def cpu_description() -> str:
+    """The CPU model and whether it has native bf16 (avx512_bf16 or AMX): without it, bf16 matmuls are emulated and
+    bf16 autocast loses to fp32, so a table is read only beside this."""
+    try:
+        info = open('/proc/cpuinfo').read()
+    except OSError:
+        return 'CPU (no /proc/cpuinfo)'
+    model = next((ln.split(':', 1)[1].strip() for ln in info.splitlines() if ln.startswith('model name')), 'CPU')
+    flags = set(next((ln.split(':', 1)[1].split() for ln in info.splitlines() if ln.startswith('flags')), []))
+    native = sorted(flags & {'avx512_bf16', 'amx_bf16'})
+    return f'{model}, native bf16: {", ".join(native) if native else "none"}'
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
     p.add_argument('--batch-size', type=int, default=128)
@@ -97,7 +110,7 @@ def main() -> None:
                                                 ('compiled fp32', 'eager fp32', 'compiled / eager, fp32'),
                                                 ('compiled bf16', 'eager bf16', 'compiled / eager, bf16'))
               if a in modes and b in modes]
-    threads = f'{torch.get_num_threads()} threads' if device.type == 'cpu' else str(device)
+    threads = f'{cpu_description()}, {torch.get_num_threads()} threads' if device.type == 'cpu' else str(device)
     lines = [f'torch {torch.__version__}, {threads}, training batch {args.batch_size}, '
              f'median of {args.repeats} interleaved repeats', '',
              '| model | ' + ' | '.join([f'{m} (img/s)' for m in modes] + [label for _, _, label in ratios]) + ' |',

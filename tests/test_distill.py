@@ -421,9 +421,12 @@ def test_distill_terms_decay_to_zero_at_their_end_epoch(batch):
 
 
 def test_command_state_norm_schedule_and_kd_default(image_folder, tmp_path):
-    """--state-norm and --distill-end-epoch reach the task; logit KD is on by default when the teacher classifies
-    into the student's classes (its logits then mean something for the student)."""
+    """--state-norm and --distill-end-epoch reach the task, whose state norm defaults to LayerNorm in the command and
+    the task alike; logit KD is on by default when the teacher classifies into the student's classes (its logits
+    then mean something for the student)."""
     from timm_odevit.train.command import build_task, parse_args
+    assert build_task(parse_args(command(image_folder, str(tmp_path))), torch.device('cpu')).state_norm == 'layernorm'
+    assert TrajectoryDistillationTask(make_student(), make_teacher(), verbose=False).state_norm == 'layernorm'
     args = parse_args(command(image_folder, str(tmp_path), '--state-norm', 'cosine', '--distill-end-epoch', '3'))
     task = build_task(args, torch.device('cpu'))
     assert task.state_norm == 'cosine' and task.distill_end_epoch == 3 and task.kd_loss_weight == 1.

@@ -137,8 +137,9 @@ class TrajectoryDistillationTask(TrainingTask):
         teacher_indices: which teacher blocks are targets (timm's ``indices``: n = last n, a list, None = all).
         times: 'uniform', 'paper', or one time per target in the student's depth units (0, t_end].
         state_tokens: match the CLS token only ('cls', as the paper) or CLS and all patch tokens ('all').
-        state_norm: what the state loss compares (``losses.STATE_NORMS``): 'none' the raw MSE (the paper),
-            'layernorm', 'cosine' or 'standardize' (see ``state_matching_loss``).
+        state_norm: what the state loss compares (``losses.STATE_NORMS``): 'layernorm' (the default: both states
+            LayerNorm'd without affine parameters, so the loss's scale does not depend on the teacher's state norm),
+            'none' the raw MSE (the paper), 'cosine' or 'standardize' (see ``state_matching_loss``).
         state_loss_weight, attn_loss_weight, kd_loss_weight, task_loss_weight, jasmin_weight: term weights.
         kd_temperature: logit KD temperature.
         task_loss_start_epoch: first epoch (see ``set_epoch``) at which the label loss counts (paper: 200 of 300).
@@ -161,7 +162,7 @@ class TrajectoryDistillationTask(TrainingTask):
             teacher_indices: Optional[Union[int, List[int]]] = None,
             times: Union[str, Sequence[float]] = 'uniform',
             state_tokens: str = 'cls',
-            state_norm: str = 'none',
+            state_norm: str = 'layernorm',
             state_loss_weight: float = 0.5,
             attn_loss_weight: float = 0.25,
             kd_loss_weight: float = 0.,

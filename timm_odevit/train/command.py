@@ -92,8 +92,9 @@ def _parser() -> argparse.ArgumentParser:
     g.add_argument('--time-indices', default=None, help='comma-separated solver grid indices instead of times')
     g.add_argument('--teacher-indices', default=None, help='teacher blocks to distil (comma list, or n = last n)')
     g.add_argument('--state-tokens', default='cls', choices=('cls', 'all'))
-    g.add_argument('--state-norm', default='none', choices=STATE_NORMS,
-                   help="what the state loss compares: 'none' the raw MSE (the paper), or a normalised distance")
+    g.add_argument('--state-norm', default='layernorm', choices=STATE_NORMS,
+                   help="what the state loss compares: 'layernorm' both states LayerNorm'd (default), 'none' the raw "
+                        "MSE (the paper), or another normalised distance")
     g.add_argument('--state-weight', type=float, default=0.5)
     g.add_argument('--attn-weight', type=float, default=None,
                    help='CLS attention L1 weight (default 0.25 when both models have attention maps, else 0)')
