@@ -238,8 +238,12 @@ def test_guidance_report_keeps_the_committed_trajectory_of_runs_without_checkpoi
     kept = next(r[3:] for r in before if r[:2] == ['scratch', '0'])
     assert rows['scratch', '1'] == [] and rows['scratch', '0'] == kept
     assert 'without scratch seed 1' in table
-    for path in (root / 'runs').glob('*-guided-seed*/last.pth.tar'):
+    kept_rows = list(csv.reader(open(root / 'guidance.csv')))
+    for path in (root / 'runs').glob('*/last.pth.tar'):
         path.unlink()
+    table = write_guidance_report(root, test_samples=32, data_dir=str(idx_folder))
+    assert list(csv.reader(open(root / 'guidance.csv'))) == kept_rows
+    assert 'scratch seed 0, guided seed 0, guided seed 1 from the committed guidance.csv' in table
     (root / 'guidance.csv').unlink()
     with pytest.raises(FileNotFoundError, match='no guided checkpoint'):
         write_guidance_report(root, test_samples=32, data_dir=str(idx_folder))
