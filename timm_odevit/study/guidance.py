@@ -121,7 +121,9 @@ def _committed_trajectory(root: Path) -> Dict[str, Any]:
     path = root / 'guidance.csv'
     if not path.is_file():
         return {}
-    rows = list(csv.reader(open(path, newline='')))
+    with open(path, newline='') as f:
+        rows = list(csv.reader(f))
+    # written rounded to 3 decimals, as the report rounds the times it reads from a checkpoint
     times = [float(c[len('gap_t'):]) for c in rows[0][3:]]
     return {'times': times, 'gaps': {(r[0], int(r[1])): [float(v) for v in r[3:]] for r in rows[1:] if r[3:]}}
 
@@ -166,11 +168,11 @@ def _trajectory(root: Path, runs: Dict[str, Dict[int, Path]], data_dir: Optional
                 gaps[arm][seed] = task.state_gaps(images, TRAJECTORY_NORM).tolist()
         num_images = len(images)
     elif committed:
-        times, num_images = [round(t, 3) for t in committed['times']], test_samples
+        times, num_images = committed['times'], test_samples
     else:
         raise FileNotFoundError(f'{root / "runs"} has no guided checkpoint (last.pth.tar) and {root / "guidance.csv"} '
                                 'no committed trajectory: rerun a guided run to read the trajectory.')
-    same_times = bool(committed) and [round(t, 3) for t in committed['times']] == times
+    same_times = bool(committed) and committed['times'] == times
     for arm, by_seed in runs.items():
         for seed in sorted(set(by_seed) - set(with_ckpt[arm])):
             if same_times and (arm, seed) in committed['gaps']:
