@@ -630,17 +630,19 @@ def test_steered_table_needs_all_three_runs_trained_alike(tmp_path):
 
 def test_learning_curves_from_run_logs(tmp_path):
     """The learning-curve table reads each run's summary.csv and the validation size from its command, recorded
-    wherever the run ran."""
+    wherever the run ran; a run without results.json is marked unfinished, with the epochs it has trained."""
     from timm_odevit.hub.table import learning_curves
     run = tmp_path / 'dense_vit_tiny_patch4_32.fmnist'
     run.mkdir()
     # recorded on another machine: its data folder is not here, which must not matter for reading the command
     (run / 'command.txt').write_text('OMP_NUM_THREADS=2 python -m timm_odevit.train --model dense_vit_tiny_patch4_32 '
-                                     f'--val-samples 500 --data-dir {tmp_path / "gone"}\n')
+                                     f'--epochs 4 --val-samples 500 --data-dir {tmp_path / "gone"}\n')
     (run / 'summary.csv').write_text('epoch,train_loss,eval_top1,eval_ema_top1\n0,1.5,61.26,20.0\n1,1.1,70.04,44.96\n')
     (tmp_path / 'empty').mkdir()  # a folder without a summary is not a run
-    want = '| `dense_vit_tiny_patch4_32.fmnist` | 500 | 61.3, 70.0 | 45.0 |'
-    assert learning_curves(tmp_path).splitlines()[2:] == [want]
+    want = '| `dense_vit_tiny_patch4_32.fmnist` | 500 | 61.3, 70.0{} | 45.0 |'
+    assert learning_curves(tmp_path).splitlines()[2:] == [want.format(' (unfinished: 2 of 4 epochs)')]
+    (run / 'results.json').write_text('{}')
+    assert learning_curves(tmp_path).splitlines()[2:] == [want.format('')]
 
 
 def test_elasticity_of_published_ode_weights(tmp_path):

@@ -53,6 +53,30 @@ def test_bf16_augment_ema_resume_and_rerun(tmp_path):
     assert third['loss'] == pytest.approx(second['loss'], rel=1e-3)
 
 
+def test_run_stopped_before_its_end_keeps_every_epoch_in_its_record(tmp_path):
+    """A run killed mid-way never wrote results.json; resumed, it rebuilds the finished epochs' record (validation,
+    training seconds) from summary.csv and train.log, so the final record and the card count every epoch."""
+    first = main(command(tmp_path, '--epochs', '2'))
+    run = tmp_path / 'run'
+    (run / 'results.json').unlink()  # what a run stopped during its third epoch leaves
+    resumed = main(command(tmp_path, '--epochs', '3', '--resume', str(run / 'last.pth.tar')))
+    history = json.loads((run / 'results.json').read_text())['history']
+    assert [h['epoch'] for h in history] == [0, 1, 2]
+    for was, kept in zip(first['history'], history[:2]):
+        assert kept['top1'] == pytest.approx(was['top1']) and kept['loss'] == pytest.approx(was['loss'])
+        assert kept['train_loss'] == pytest.approx(was['train_loss'])
+        assert kept['train_seconds'] == round(was['train_seconds'])  # train.log keeps whole seconds
+    assert resumed['history'] == history
+
+    from timm_odevit.hub.card import training_lines
+    from timm_odevit.models.pretrained import FMNIST_CFG
+    args = vars(parse_args(command(tmp_path, '--epochs', '3')))
+    minutes = sum(h['train_seconds'] for h in history) / 60
+    assert f'{minutes:.1f} min of training steps' in training_lines(args, FMNIST_CFG, history=history)['budget']
+    # a record that misses an epoch gives no minutes rather than too few
+    assert 'min of training steps' not in training_lines(args, FMNIST_CFG, history=history[1:])['budget']
+
+
 def test_resume_refuses_another_architecture(tmp_path):
     main(command(tmp_path, '--epochs', '1'))
     last = str(tmp_path / 'run' / 'last.pth.tar')

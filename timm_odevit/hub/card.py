@@ -73,7 +73,8 @@ def training_lines(args: Dict[str, Any], cfg: Dict[str, Any], threads: Optional[
     precision = 'bf16 autocast' if args.get('amp') == 'bf16' else 'fp32'
     where = f'{threads} CPU thread(s)' if args.get('device', 'cpu') == 'cpu' else f'`{args["device"]}`'
     budget = f'{args["epochs"] * per_epoch:,} images seen ({args["epochs"]} epochs of {per_epoch:,})'
-    if history:
+    if history and sorted(h['epoch'] for h in history) == list(range(args['epochs'])):
+        # minutes only from a record of every epoch: a partial one (a run resumed without its record) undercounts
         seconds = sum(h.get('train_seconds') or per_epoch / h['images_per_second'] for h in history)
         budget += f', {seconds / 60:.1f} min of training steps (validation aside)'
     lines = {

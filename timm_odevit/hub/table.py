@@ -237,15 +237,19 @@ def steered_table(logs: Path, root: Path) -> str:
 
 def learning_curves(logs: Path) -> str:
     """Markdown: validation top-1 after each epoch of every run of the training command under ``logs`` (its
-    ``summary.csv``), with the EMA weights' top-1 after the last epoch where the run kept an EMA."""
+    ``summary.csv``), with the EMA weights' top-1 after the last epoch where the run kept an EMA. A run that has
+    not finished (no ``results.json``) says how many of its epochs it has trained."""
     lines = ['| run | validation images | top-1 after each epoch | EMA after the last |', '|---|---:|---|---:|']
     for run in sorted(p for p in Path(logs).iterdir() if (p / 'summary.csv').is_file()):
         with open(run / 'summary.csv', newline='') as f:
             rows = list(csv.DictReader(f))
         if not rows:
             continue
-        val = recorded_args(_run_command(run)).val_samples
+        args = recorded_args(_run_command(run))
+        val = args.val_samples
         ema = rows[-1].get('eval_ema_top1') or ''
         curve = ', '.join(f'{float(r["eval_top1"]):.1f}' for r in rows)
+        if not (run / 'results.json').is_file():
+            curve += f' (unfinished: {len(rows)} of {args.epochs} epochs)'
         lines.append(f'| `{run.name}` | {val or "all"} | {curve} | {f"{float(ema):.1f}" if ema else "-"} |')
     return '\n'.join(lines) + '\n'

@@ -10,10 +10,12 @@ Multi-process: ``torchrun --nproc_per_node N -m timm_odevit.train ...`` (DDP; gl
 wrapped or updated).
 """
 import argparse
+import csv
 import hashlib
 import json
 import logging
 import os
+import re
 import shlex
 import sys
 import time
@@ -305,6 +307,42 @@ def _validate(task: torch.nn.Module, loader: Any, device: torch.device, amp_dtyp
     return out
 
 
+# the line each epoch leaves in train.log, where a run stopped before its end keeps its training time
+_EPOCH_LINE = re.compile(r'epoch (\d+) val top1 \S+ loss \S+ \((\d+) s training, ([\d.]+) img/s\)')
+
+
+def _history_before(run_dir: str, start_epoch: int) -> List[Dict[str, Any]]:
+    """The per-epoch record of the epochs a resumed run does not train again. A finished run keeps it in
+    ``results.json``; a run stopped before its end (killed, out of time) never wrote that file, so its record is
+    rebuilt from what every epoch leaves: ``summary.csv`` (losses, validation) and ``train.log`` (training
+    seconds). Without it a resumed run's card would count the training minutes of its last stretch only."""
+    results = os.path.join(run_dir, 'results.json')
+    if os.path.isfile(results):
+        with open(results) as f:
+            history = [h for h in json.load(f).get('history', []) if h['epoch'] < start_epoch]
+        if [h['epoch'] for h in history] == list(range(start_epoch)):
+            return history
+    timing = {}
+    if os.path.isfile(os.path.join(run_dir, 'train.log')):
+        with open(os.path.join(run_dir, 'train.log')) as f:
+            for m in _EPOCH_LINE.finditer(f.read()):
+                # a later line of the same epoch is the one that counts: the epoch was trained again after a stop
+                timing[int(m.group(1))] = {'train_seconds': float(m.group(2)), 'images_per_second': float(m.group(3))}
+    rows = {}
+    if os.path.isfile(os.path.join(run_dir, 'summary.csv')):
+        with open(os.path.join(run_dir, 'summary.csv'), newline='') as f:
+            rows = {int(r['epoch']): r for r in csv.DictReader(f)}
+    history = []
+    for epoch in range(start_epoch):
+        if epoch not in rows or epoch not in timing:
+            _logger.warning(f'{run_dir} keeps no record of epoch {epoch} (summary.csv, train.log): results.json '
+                            'and the card will leave it out')
+            continue
+        metrics = {k[len('eval_'):]: float(v) for k, v in rows[epoch].items() if k.startswith('eval_') and v}
+        history.append({'epoch': epoch, 'train_loss': float(rows[epoch]['train_loss']), **timing[epoch], **metrics})
+    return history
+
+
 def _run_folder(args: argparse.Namespace) -> str:
     name = args.experiment or '-'.join([datetime.now().strftime('%Y%m%d-%H%M%S'), args.model,
                                         'guided' if args.teacher else 'alone'])
@@ -385,12 +423,9 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
             f.write(' '.join([PROG] + [shlex.quote(a) for a in argv]) + '\n')
         saver = CheckpointSaver(model=model, optimizer=optimizer, args=args, task=task, checkpoint_dir=output_dir,
                                 recovery_dir=output_dir, decreasing=False, max_history=args.checkpoint_hist)
-        previous = os.path.join(output_dir, 'results.json')
         if args.resume and os.path.dirname(os.path.abspath(args.resume)) == os.path.abspath(output_dir):
             saver.load_state_dict_from_checkpoint(args.resume)
-            if os.path.isfile(previous):
-                # the epochs before the resume stay in the run's record
-                history = [h for h in json.load(open(previous)).get('history', []) if h['epoch'] < start_epoch]
+            history = _history_before(output_dir, start_epoch)  # the epochs before the resume stay in the record
         n_train = sum(p.numel() for p in task.get_trainable_module().parameters() if p.requires_grad)
         _logger.info(f'{args.model} ({n_train / 1e6:.3f}M trainable) '
                      f"{'guided by ' + args.teacher if args.teacher else 'trained alone'}, {world} process(es), "
