@@ -1,7 +1,6 @@
 """The tables of published weights, read from the model cards (one source of truth: the cards) and the committed
 training logs: the README's weights table, the matched SSoG-minus-dense comparison, teacher-guided against scratch,
 the three-way dense, fixed and steered SSoG comparison of training runs, and the learning curves."""
-import csv
 import json
 import math
 import re
@@ -9,7 +8,7 @@ from pathlib import Path
 from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 from ..models.families import SETTINGS, Family, family_of
-from ..train import PROG, format_command, recorded_args
+from ..train import PROG, format_command, read_summary, recorded_args
 from . import CARD_FILE
 
 __all__ = ['card_command', 'card_facts', 'guided_table', 'learning_curves', 'matched_table', 'steered_table',
@@ -241,15 +240,14 @@ def learning_curves(logs: Path) -> str:
     not finished (no ``results.json``) says how many of its epochs it has trained."""
     lines = ['| run | validation images | top-1 after each epoch | EMA after the last |', '|---|---:|---|---:|']
     for run in sorted(p for p in Path(logs).iterdir() if (p / 'summary.csv').is_file()):
-        with open(run / 'summary.csv', newline='') as f:
-            rows = list(csv.DictReader(f))
+        rows = read_summary(str(run / 'summary.csv'))
         if not rows:
             continue
         args = recorded_args(_run_command(run))
         val = args.val_samples
-        ema = rows[-1].get('eval_ema_top1') or ''
-        curve = ', '.join(f'{float(r["eval_top1"]):.1f}' for r in rows)
+        ema = rows[-1].get('eval_ema_top1')
+        curve = ', '.join(f'{r["eval_top1"]:.1f}' for r in rows)
         if not (run / 'results.json').is_file():
             curve += f' (unfinished: {len(rows)} of {args.epochs} epochs)'
-        lines.append(f'| `{run.name}` | {val or "all"} | {curve} | {f"{float(ema):.1f}" if ema else "-"} |')
+        lines.append(f'| `{run.name}` | {val or "all"} | {curve} | {"-" if ema is None else f"{ema:.1f}"} |')
     return '\n'.join(lines) + '\n'

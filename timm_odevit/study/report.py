@@ -6,6 +6,7 @@ import statistics
 from pathlib import Path
 from typing import Any, Dict, List, Sequence
 
+from ..train import read_summary
 from .runs import SETTINGS
 
 __all__ = ['PAPER_GAIN', 'PAPER_STEER_GAIN', 'collect', 'write_report']
@@ -15,11 +16,6 @@ __all__ = ['PAPER_GAIN', 'PAPER_STEER_GAIN', 'collect', 'write_report']
 PAPER_GAIN = {'discrete': (2.2, 4.1), 'looped': (5.4, 8.1), 'ode': (2.2, 4.1), 'steered': (0.2, 0.9)}
 # steered minus fixed kernels (points): 4rtemi5/ssog's ImageNet-1k table puts the fixed field about 2 points below
 PAPER_STEER_GAIN = 2.0
-
-
-def _read_summary(path: Path) -> List[Dict[str, float]]:
-    with open(path, newline='') as f:
-        return [{k: float(v) for k, v in row.items() if v not in ('', None)} for row in csv.DictReader(f)]
 
 
 def collect(root: Path) -> List[Dict[str, Any]]:
@@ -37,7 +33,7 @@ def collect(root: Path) -> List[Dict[str, Any]]:
                 if arch not in params:
                     params[arch] = sum(p.numel() for p in timm.create_model(arch, num_classes=10, in_chans=1)
                                        .parameters()) / 1e6
-                curve = _read_summary(run_path / 'summary.csv')
+                curve = read_summary(str(run_path / 'summary.csv'))
                 wall = run_path / 'wall_seconds.txt'
                 rows.append({
                     'setting': setting, 'mixer': 'ssog' if arch == ssog else 'dense', 'arch': arch,

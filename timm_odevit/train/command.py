@@ -42,7 +42,8 @@ from ..distill import LOSS_KEYS, STATE_NORMS, TrajectoryDistillationTask, find_a
 from ..evaluate import evaluate
 from .checkpoint import checkpoint_args, read_checkpoint
 
-__all__ = ['parse_args', 'build_task', 'distillation_options', 'format_command', 'main', 'recorded_args', 'PROG']
+__all__ = ['parse_args', 'build_task', 'distillation_options', 'format_command', 'main', 'read_summary',
+           'recorded_args', 'PROG']
 
 _logger = logging.getLogger('timm_odevit.train')
 _console_logging = False
@@ -307,6 +308,13 @@ def _validate(task: torch.nn.Module, loader: Any, device: torch.device, amp_dtyp
     return out
 
 
+def read_summary(path: str) -> List[Dict[str, float]]:
+    """A run's ``summary.csv`` (one row an epoch, timm's ``update_summary`` columns: ``epoch``, ``train_*``,
+    ``eval_*``, ``lr``) as numbers; a cell left empty (a metric the epoch did not have) is left out."""
+    with open(path, newline='') as f:
+        return [{k: float(v) for k, v in row.items() if v not in ('', None)} for row in csv.DictReader(f)]
+
+
 # the line each epoch leaves in train.log, where a run stopped before its end keeps its training time
 _EPOCH_LINE = re.compile(r'epoch (\d+) val top1 \S+ loss \S+ \((\d+) s training, ([\d.]+) img/s\)')
 
@@ -328,18 +336,16 @@ def _history_before(run_dir: str, start_epoch: int) -> List[Dict[str, Any]]:
             for m in _EPOCH_LINE.finditer(f.read()):
                 # a later line of the same epoch is the one that counts: the epoch was trained again after a stop
                 timing[int(m.group(1))] = {'train_seconds': float(m.group(2)), 'images_per_second': float(m.group(3))}
-    rows = {}
-    if os.path.isfile(os.path.join(run_dir, 'summary.csv')):
-        with open(os.path.join(run_dir, 'summary.csv'), newline='') as f:
-            rows = {int(r['epoch']): r for r in csv.DictReader(f)}
+    summary = os.path.join(run_dir, 'summary.csv')
+    rows = {int(r['epoch']): r for r in read_summary(summary)} if os.path.isfile(summary) else {}
     history = []
     for epoch in range(start_epoch):
         if epoch not in rows or epoch not in timing:
             _logger.warning(f'{run_dir} keeps no record of epoch {epoch} (summary.csv, train.log): results.json '
                             'and the card will leave it out')
             continue
-        metrics = {k[len('eval_'):]: float(v) for k, v in rows[epoch].items() if k.startswith('eval_') and v}
-        history.append({'epoch': epoch, 'train_loss': float(rows[epoch]['train_loss']), **timing[epoch], **metrics})
+        metrics = {k[len('eval_'):]: v for k, v in rows[epoch].items() if k.startswith('eval_')}
+        history.append({'epoch': epoch, 'train_loss': rows[epoch]['train_loss'], **timing[epoch], **metrics})
     return history
 
 
