@@ -21,6 +21,8 @@ default_cfgs = keep_untagged_default(generate_default_cfgs({
     'odevit_tiny': depth_vit_cfg(),
     'odevit_tiny_patch4_32': depth_vit_cfg(**SMALL_IMAGE_CFG),
     'odevit_tiny_patch4_32.fmnist': depth_vit_cfg(**dict(SMALL_IMAGE_CFG, **fmnist_cfg('odevit_tiny_patch4_32'))),
+    'odevit_tiny_patch4_32.fmnist_distilled': depth_vit_cfg(
+        **dict(SMALL_IMAGE_CFG, **fmnist_cfg('odevit_tiny_patch4_32', 'fmnist_distilled'))),
     'odevit_small': depth_vit_cfg(),
     'odevit_small_patch4_32': depth_vit_cfg(**SMALL_IMAGE_CFG),
     'odevit_base': depth_vit_cfg(),
