@@ -93,6 +93,8 @@ GENERATORS: Dict[str, Callable[[], str]] = {
         _committed('results/fmnist_study/elasticity.md'),
     'python -m timm_odevit.hub elasticity --root weights (writes results/weights/elasticity.md)':
         _committed('results/weights/elasticity.md'),
+    'python -m timm_odevit.hub trajectory --root weights (writes results/weights/trajectory.md)':
+        _committed('results/weights/trajectory.md'),
     'python -m timm_odevit.study guidance-report (writes results/guidance/guidance.md)':
         _committed('results/guidance/guidance.md'),
     'python -m timm_odevit.study guidance-report --out-dir results/guidance_noinit '

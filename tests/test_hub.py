@@ -603,6 +603,34 @@ def test_guided_table_pairs_a_guided_weight_with_its_scratch_twin(tmp_path):
     assert guided_table(tmp_path).splitlines()[2:] == []
 
 
+def test_trajectory_of_the_published_students(tmp_path, monkeypatch):
+    """hub trajectory reads each guided pair from the published files alone (card command, card times, the teacher
+    the card names): the guided student's CLS states follow the teacher's block outputs, its scratch twin's do not;
+    a card without times is refused, and a folder without a pair names what is missing."""
+    from timm_odevit.hub.table import card_target_times
+    from timm_odevit.study.guidance import write_weights_trajectory
+    monkeypatch.chdir(REPO_ROOT)  # the guided card names its teacher's weights relative to the repository
+    names = ('odevit_tiny_patch4_32.fmnist', 'odevit_tiny_patch4_32.fmnist_distilled')
+    for name in names:
+        shutil.copytree(REPO_ROOT / 'weights' / name, tmp_path / 'weights' / name)
+    table = write_weights_trajectory(tmp_path / 'weights', tmp_path / 'out', test_samples=8,
+                                     data_dir=str(fm.SAMPLE_DIR))
+    times = card_target_times(tmp_path / 'weights' / names[1])
+    assert len(times) == 12 and times[-1] == 12.0
+    rows = (tmp_path / 'out' / 'trajectory.csv').read_text().splitlines()
+    assert rows[0] == 'student,teacher,arm,weights,time,gap' and len(rows) == 1 + 2 * len(times)
+    gaps = {arm: [float(r.split(',')[-1]) for r in rows[1:] if f',{arm},' in r] for arm in ('scratch', 'guided')}
+    assert max(gaps['guided']) < 0.3 < min(gaps['scratch']), gaps
+    assert f'`{names[1]}`' in table and 'first 8 Fashion-MNIST' in table
+    card = tmp_path / 'weights' / names[1] / 'README.md'
+    card.write_text(re.sub(r'at student times [\d., ]+ \(rule', '(rule', card.read_text()))
+    with pytest.raises(ValueError, match='states no student times'):
+        write_weights_trajectory(tmp_path / 'weights', tmp_path / 'out', test_samples=8, data_dir=str(fm.SAMPLE_DIR))
+    shutil.rmtree(tmp_path / 'weights' / names[0])
+    with pytest.raises(FileNotFoundError, match='No guided weight'):
+        write_weights_trajectory(tmp_path / 'weights', tmp_path / 'out', test_samples=8, data_dir=str(fm.SAMPLE_DIR))
+
+
 def test_steered_table_needs_all_three_runs_trained_alike(tmp_path):
     """The three-way table (dense, fixed, steered) compares finished training runs, a row only when one command
     (the model name aside) trained all three, each scored by its EMA top-1 on the validation images."""

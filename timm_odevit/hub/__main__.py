@@ -1,4 +1,5 @@
-"""``python -m timm_odevit.hub``: export, manifest, verify, push, serve, evaluate, table, elasticity, demo."""
+"""``python -m timm_odevit.hub``: export, manifest, verify, push, serve, evaluate, table, elasticity, trajectory,
+demo."""
 import argparse
 import json
 import logging
@@ -86,6 +87,13 @@ def main(argv: Optional[List[str]] = None) -> int:
     el.add_argument('--solvers', nargs='+', default=None,
                     help='method:steps (default: euler at 3, 6, 12, 23 and 24 steps, rk4 at 3 and 6)')
 
+    tr = sub.add_parser('trajectory', help="distance of each published guided student and its scratch twin to the "
+                                           "teacher's block outputs at the guided card's target times")
+    tr.add_argument('--root', default='weights')
+    tr.add_argument('--out-dir', default='results/weights', help='where trajectory.md and .csv go')
+    tr.add_argument('--test-samples', type=int, default=256, help='first n Fashion-MNIST test images')
+    tr.add_argument('--data-dir', default=None, help="Fashion-MNIST IDX files (default: Debian's package)")
+
     d = sub.add_parser('demo', help='load a pretrained model through an in-process mirror and classify the sample')
     d.add_argument('--model', default=None)
     d.add_argument('--root', default=None)
@@ -136,6 +144,9 @@ def main(argv: Optional[List[str]] = None) -> int:
         from ..study.elasticity import ELASTICITY_SOLVERS, write_weights_elasticity
         print(write_weights_elasticity(Path(a.root), Path(a.out_dir), a.solvers or ELASTICITY_SOLVERS, a.test_samples,
                                        a.data_dir), end='')
+    elif a.cmd == 'trajectory':
+        from ..study.guidance import write_weights_trajectory
+        print(write_weights_trajectory(Path(a.root), Path(a.out_dir), a.test_samples, a.data_dir), end='')
     elif a.cmd == 'demo':
         from .demo import main as demo_main
         return demo_main(model=a.model, root=a.root)

@@ -144,15 +144,10 @@ def _training_minutes(repo: Path) -> str:
     return m.group(1) if m else '?'
 
 
-def guided_table(root: Path) -> str:
-    """Markdown: teacher-guided against scratch, one row per published weight trained with a teacher whose scratch
-    twin (the same architecture under another tag) is published and was trained by the same command without the
-    teacher's options. Top-1 on the full test set at the registered solver, and on the training grid where an ODE
-    weight was trained on another."""
-    from ..study.guidance import PAPER_GUIDANCE_GAIN
-    lines = ['| student | teacher | scratch weights | top-1 scratch | guided weights | top-1 guided | '
-             'guided minus scratch (points) | paper gain | training images seen | training min, scratch / guided |',
-             '|---|---|---|---:|---|---:|---:|---:|---|---:|']
+def guided_pairs(root: Path) -> Iterator[Tuple[str, str, Path, Path]]:
+    """(architecture, teacher, scratch weights, guided weights) for each published weight trained with a teacher
+    whose scratch twin (the same architecture under another tag) is published and was trained by the same command
+    without the teacher's options."""
     # one-stage weights of the training command (older cards name a former command): options and teacher-free recipe
     commands = [(p, card_command(p)) for p in sorted(Path(root).iterdir()) if p.is_dir()]
     published = [(p, recorded_args(c), _scratch_command(c)) for p, c in commands if c and f' {PROG} ' in f' {c} ']
@@ -161,17 +156,37 @@ def guided_table(root: Path) -> str:
             continue
         arch = guided.name.partition('.')[0]
         for scratch, other_args, other_recipe in published:
-            if scratch.name.partition('.')[0] != arch or other_args.teacher or other_recipe != recipe:
-                continue
-            (s, s_grid), (g, g_grid) = _top1_cells(scratch), _top1_cells(guided)
-            cells = [f'{s:.2f}%', f'{g:.2f}%', f'{g - s:+.2f}']
-            if s_grid and g_grid and s_grid[0] == g_grid[0]:
-                steps = s_grid[0]
-                cells = [f'{s:.2f}% ({steps} steps: {s_grid[1]:.2f}%)', f'{g:.2f}% ({steps} steps: {g_grid[1]:.2f}%)',
-                         f'{g - s:+.2f} ({steps} steps: {g_grid[1] - s_grid[1]:+.2f})']
-            lines.append(f'| `{arch}` | `{args.teacher}` | `{scratch.name}` | {cells[0]} | '
-                         f'`{guided.name}` | {cells[1]} | {cells[2]} | > +{PAPER_GUIDANCE_GAIN:g} | '
-                         f'{training_budget(guided)} | {_training_minutes(scratch)} / {_training_minutes(guided)} |')
+            if scratch.name.partition('.')[0] == arch and not other_args.teacher and other_recipe == recipe:
+                yield arch, args.teacher, scratch, guided
+
+
+def card_target_times(repo_dir: Path) -> List[float]:
+    """The student times of a guided weight's targets, as its card states them (rounded as the card writes them)."""
+    card = (Path(repo_dir) / CARD_FILE).read_text(encoding='utf-8')
+    m = re.search(r'at student times ([\d., ]+) \(rule', card)
+    if not m:
+        raise ValueError(f'{repo_dir / CARD_FILE} states no student times of its targets: is it a guided weight, '
+                         'exported by python -m timm_odevit.hub export?')
+    return [float(t) for t in m.group(1).split(',')]
+
+
+def guided_table(root: Path) -> str:
+    """Markdown: teacher-guided against scratch, one row per pair of ``guided_pairs``. Top-1 on the full test set
+    at the registered solver, and on the training grid where an ODE weight was trained on another."""
+    from ..study.guidance import PAPER_GUIDANCE_GAIN
+    lines = ['| student | teacher | scratch weights | top-1 scratch | guided weights | top-1 guided | '
+             'guided minus scratch (points) | paper gain | training images seen | training min, scratch / guided |',
+             '|---|---|---|---:|---|---:|---:|---:|---|---:|']
+    for arch, teacher, scratch, guided in guided_pairs(root):
+        (s, s_grid), (g, g_grid) = _top1_cells(scratch), _top1_cells(guided)
+        cells = [f'{s:.2f}%', f'{g:.2f}%', f'{g - s:+.2f}']
+        if s_grid and g_grid and s_grid[0] == g_grid[0]:
+            steps = s_grid[0]
+            cells = [f'{s:.2f}% ({steps} steps: {s_grid[1]:.2f}%)', f'{g:.2f}% ({steps} steps: {g_grid[1]:.2f}%)',
+                     f'{g - s:+.2f} ({steps} steps: {g_grid[1] - s_grid[1]:+.2f})']
+        lines.append(f'| `{arch}` | `{teacher}` | `{scratch.name}` | {cells[0]} | '
+                     f'`{guided.name}` | {cells[1]} | {cells[2]} | > +{PAPER_GUIDANCE_GAIN:g} | '
+                     f'{training_budget(guided)} | {_training_minutes(scratch)} / {_training_minutes(guided)} |')
     return '\n'.join(lines) + '\n'
 
 

@@ -23,7 +23,7 @@ from .report import mean_sd
 from .runs import RUN_OPTIONS, Run, StudyRecipe
 
 __all__ = ['ARMS', 'PAPER_GUIDANCE_GAIN', 'guidance_setup', 'guidance_runs', 'guidance_variants',
-           'write_guidance_report']
+           'write_guidance_report', 'write_weights_trajectory']
 
 ARMS = ('scratch', 'guided')
 # ODE-ViT: a teacher-guided ODE-ViT gains more than 10 points over the free one (CIFAR-100, 300 epochs)
@@ -116,6 +116,20 @@ def guidance_variants(roots: Sequence[Path]) -> str:
     return '\n'.join(lines) + '\n'
 
 
+def _images_as_trained(args: argparse.Namespace, student: torch.nn.Module, data_dir: Optional[str],
+                       test_samples: int) -> torch.Tensor:
+    """The first ``test_samples`` test images, preprocessed as the training command ``args`` fed them."""
+    from timm.data import resolve_data_config
+    from .. import data as fm
+    from ..train.command import input_stats
+    data_cfg = resolve_data_config({}, model=student)
+    data_cfg['input_size'] = (args.in_chans, *student.patch_embed.img_size)
+    mean, std = input_stats(args, data_cfg)
+    images, _ = fm.load_tensors(data_dir, 'test', model=student, limit=test_samples,
+                                input_size=data_cfg['input_size'], mean=mean, std=std)
+    return images
+
+
 def _committed_trajectory(root: Path) -> Dict[str, Any]:
     """The trajectory an earlier report committed (``guidance.csv``): times and gaps per (arm, seed), or empty."""
     path = root / 'guidance.csv'
@@ -137,11 +151,9 @@ def _trajectory(root: Path, runs: Dict[str, Dict[int, Path]], data_dir: Optional
     Checkpoints are not committed: a run whose checkpoint is gone keeps the gaps an earlier report wrote to
     ``guidance.csv`` (same times; measured on the first ``test_samples`` images when the reports agree on it), and a
     run with neither is left out of the trajectory and named in ``missing``."""
-    from timm.data import resolve_data_config
     from timm.models import load_state_dict
-    from .. import data as fm
     from ..train import read_checkpoint
-    from ..train.command import build_task, input_stats
+    from ..train.command import build_task
     committed = _committed_trajectory(root)
     with_ckpt = {arm: {seed: p for seed, p in by_seed.items() if (p / 'last.pth.tar').is_file()}
                  for arm, by_seed in runs.items()}
@@ -154,11 +166,7 @@ def _trajectory(root: Path, runs: Dict[str, Dict[int, Path]], data_dir: Optional
         task.load_task_state(ckpt.get('task_state'))
         task.eval()
         student = task.get_eval_model()
-        data_cfg = resolve_data_config({}, model=student)
-        data_cfg['input_size'] = (args.in_chans, *student.patch_embed.img_size)
-        mean, std = input_stats(args, data_cfg)
-        images, _ = fm.load_tensors(data_dir, 'test', model=student, limit=test_samples,
-                                    input_size=data_cfg['input_size'], mean=mean, std=std)
+        images = _images_as_trained(args, student, data_dir, test_samples)
         times = [round(float(t), 3) for t in task.target_times]
         for arm, by_seed in with_ckpt.items():
             for seed, path in by_seed.items():
@@ -248,4 +256,62 @@ def write_guidance_report(root: Path, test_samples: int = 256, data_dir: Optiona
                   f'guided-arm options: `{setup.get("guide") or "-"}`{shared}.']
     table = '\n'.join(lines) + '\n'
     (root / 'guidance.md').write_text(table)
+    return table
+
+
+def write_weights_trajectory(root: Path, out_dir: Path, test_samples: int = 256,
+                             data_dir: Optional[str] = None) -> str:
+    """The trajectory of the published students: for each guided weight under ``root`` and its scratch twin (the
+    rows of ``hub table --kind guided``), the distance between each student's CLS state at the guided card's target
+    times and the teacher's block outputs, on the first ``test_samples`` test images preprocessed as the card's
+    command trained on. Writes ``trajectory.md`` and ``trajectory.csv`` under ``out_dir``; returns the Markdown.
+
+    Read from the published files alone (the card's command and times, the teacher checkpoint it names), so anyone
+    with the weights reruns it; checkpoints are not needed."""
+    from safetensors.torch import load_file
+    from ..hub.table import card_command, card_target_times, guided_pairs
+    from ..train import recorded_args
+    from ..train.command import build_task
+    rows: List[Dict[str, Any]] = []
+    for arch, teacher, scratch, guided in guided_pairs(root):
+        args = recorded_args(card_command(guided))
+        if args.teacher_checkpoint and not Path(args.teacher_checkpoint).is_file():
+            raise FileNotFoundError(f'{guided.name} was guided by {args.teacher_checkpoint}, which is not here: run '
+                                    'from the repository root, where its card names the teacher\'s weights.')
+        args.times = ','.join(str(t) for t in card_target_times(guided))
+        args.no_init_from_teacher = True  # the published weights replace the student's parameters anyway
+        task = build_task(args, torch.device('cpu'))
+        task.eval()
+        student = task.get_eval_model()
+        images = _images_as_trained(args, student, data_dir, test_samples)
+        for arm, repo in zip(ARMS, (scratch, guided)):
+            student.load_state_dict(load_file(str(repo / 'model.safetensors')))
+            with torch.no_grad():
+                gaps = task.state_gaps(images, TRAJECTORY_NORM).tolist()
+            rows.append({'student': arch, 'teacher': teacher, 'arm': arm, 'weights': repo.name,
+                         'times': [round(float(t), 3) for t in task.target_times], 'gaps': gaps})
+    if not rows:
+        raise FileNotFoundError(f'No guided weight under {root} has a published scratch twin trained alike: '
+                                'python -m timm_odevit.hub table --kind guided lists the pairs.')
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    with open(out / 'trajectory.csv', 'w', newline='') as f:
+        w = csv.writer(f)
+        w.writerow(['student', 'teacher', 'arm', 'weights', 'time', 'gap'])
+        for r in rows:
+            w.writerows([r['student'], r['teacher'], r['arm'], r['weights'], t, round(g, 4)]
+                        for t, g in zip(r['times'], r['gaps']))
+    lines = []
+    for i, r in enumerate(rows):
+        if i == 0 or r['times'] != rows[i - 1]['times']:
+            lines += ([''] if lines else []) + [
+                '| student | teacher | weights | ' + ' | '.join(f't = {t:g}' for t in r['times']) + ' |',
+                '|---|---|---|' + '---:|' * len(r['times'])]
+        lines.append(f'| `{r["student"]}` | `{r["teacher"]}` | `{r["weights"]}` | '
+                     + ' | '.join(f'{g:.3f}' for g in r['gaps']) + ' |')
+    lines += ['', f'1 - cosine similarity of the student\'s CLS state at each target time of the guided card and the '
+                  f'teacher\'s block output, mean over the first {len(images)} Fashion-MNIST test images (0 = aligned, '
+                  '1 = orthogonal).']
+    table = '\n'.join(lines) + '\n'
+    (out / 'trajectory.md').write_text(table)
     return table
