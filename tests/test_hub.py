@@ -566,6 +566,24 @@ def test_matched_table_pairs_only_same_recipe(tmp_path):
     assert matched_table(tmp_path).splitlines()[2:] == []  # another seed: not a matched pair
 
 
+def test_matched_table_gives_an_ode_pairs_training_grid(tmp_path):
+    """An ODE pair trained on another grid than the registered one is compared at both: the registered solver that
+    pretrained=True gives and the grid both were trained on."""
+    from timm_odevit.hub.table import matched_table
+    dense = tmp_path / 'odevit_tiny_patch4_32.fmnist'
+    ssog = tmp_path / 'ssog_ode_tiny_patch4_32.fmnist'
+    shutil.copytree(REPO_ROOT / 'weights' / dense.name, dense)
+    shutil.copytree(dense, ssog)
+    card = ssog / 'README.md'
+    text = card.read_text().replace('--model odevit_tiny_patch4_32 ', '--model ssog_ode_tiny_patch4_32 ')
+    text = re.sub(r'(test set \(10,000 images\), solved as trained \(23 Euler steps\): top-1 )[\d.]+%',
+                  r'\g<1>90.00%', text)
+    card.write_text(re.sub(r'(test set \(10,000 images\): top-1 )[\d.]+%', r'\g<1>85.00%', text))
+    rows = matched_table(tmp_path).splitlines()[2:]
+    assert len(rows) == 1 and rows[0].startswith(f'| ode | `{ssog.name}` | 85.00% (23 steps: 90.00%) | '), rows
+    assert '| +1.83 (23 steps: +5.77) |' in rows[0], rows  # against the published 83.17% and 84.23%
+
+
 def test_card_says_which_weights_a_run_with_an_ema_publishes():
     """A run that kept an EMA is published either with it or with its raw last-epoch weights; the card says which."""
     from timm_odevit.hub.card import training_lines

@@ -111,11 +111,11 @@ def matched_table(root: Path) -> str:
         twin = _twin_trained_alike(repo, family) if family.is_ssog else None
         if twin is None:
             continue
-        s, d = float(card_facts(repo)['test']), float(card_facts(twin)['test'])
+        ssog, dense, gain = _compared_cells(repo, twin)
         setting = 'steered' if family.steer else family.depth
         lo, hi = PAPER_GAIN[setting]
-        rows.append((list(PAPER_GAIN).index(setting), f'| {setting} | `{repo.name}` | {s:.2f}% | `{twin.name}` | '
-                     f'{d:.2f}% | {s - d:+.2f} | +{lo} to +{hi} | {training_budget(repo)} |'))
+        rows.append((list(PAPER_GAIN).index(setting), f'| {setting} | `{repo.name}` | {ssog} | `{twin.name}` | '
+                     f'{dense} | {gain} | +{lo} to +{hi} | {training_budget(repo)} |'))
     # the settings in the papers' order (discrete, looped, ODE), as in the study's table; name order within one
     lines += [line for _, line in sorted(rows)]
     return '\n'.join(lines) + '\n'
@@ -137,6 +137,18 @@ def _top1_cells(repo: Path) -> Tuple[float, Optional[Tuple[str, float]]]:
     f = card_facts(repo)
     grid = (f['trained_grid_steps'], float(f['test_trained_grid'])) if 'test_trained_grid' in f else None
     return float(f['test']), grid
+
+
+def _compared_cells(a: Path, b: Path) -> Tuple[str, str, str]:
+    """Table cells: full-test top-1 of weights ``a`` and ``b`` and a minus b, at the registered solver and, where
+    both are ODE weights trained on one other grid, on that grid too."""
+    (top1_a, grid_a), (top1_b, grid_b) = _top1_cells(a), _top1_cells(b)
+    cells = (f'{top1_a:.2f}%', f'{top1_b:.2f}%', f'{top1_a - top1_b:+.2f}')
+    if grid_a and grid_b and grid_a[0] == grid_b[0]:
+        steps = grid_a[0]
+        cells = (f'{cells[0]} ({steps} steps: {grid_a[1]:.2f}%)', f'{cells[1]} ({steps} steps: {grid_b[1]:.2f}%)',
+                 f'{cells[2]} ({steps} steps: {grid_a[1] - grid_b[1]:+.2f})')
+    return cells
 
 
 def _training_minutes(repo: Path) -> str:
@@ -178,14 +190,9 @@ def guided_table(root: Path) -> str:
              'guided minus scratch (points) | paper gain | training images seen | training min, scratch / guided |',
              '|---|---|---|---:|---|---:|---:|---:|---|---:|']
     for arch, teacher, scratch, guided in guided_pairs(root):
-        (s, s_grid), (g, g_grid) = _top1_cells(scratch), _top1_cells(guided)
-        cells = [f'{s:.2f}%', f'{g:.2f}%', f'{g - s:+.2f}']
-        if s_grid and g_grid and s_grid[0] == g_grid[0]:
-            steps = s_grid[0]
-            cells = [f'{s:.2f}% ({steps} steps: {s_grid[1]:.2f}%)', f'{g:.2f}% ({steps} steps: {g_grid[1]:.2f}%)',
-                     f'{g - s:+.2f} ({steps} steps: {g_grid[1] - s_grid[1]:+.2f})']
-        lines.append(f'| `{arch}` | `{teacher}` | `{scratch.name}` | {cells[0]} | '
-                     f'`{guided.name}` | {cells[1]} | {cells[2]} | > +{PAPER_GUIDANCE_GAIN:g} | '
+        top1_guided, top1_scratch, gain = _compared_cells(guided, scratch)
+        lines.append(f'| `{arch}` | `{teacher}` | `{scratch.name}` | {top1_scratch} | '
+                     f'`{guided.name}` | {top1_guided} | {gain} | > +{PAPER_GUIDANCE_GAIN:g} | '
                      f'{training_budget(guided)} | {_training_minutes(scratch)} / {_training_minutes(guided)} |')
     return '\n'.join(lines) + '\n'
 
