@@ -37,6 +37,8 @@ default_cfgs = keep_untagged_default(generate_default_cfgs({
     'ssog_ode_tiny': depth_vit_cfg(),
     'ssog_ode_tiny_patch4_32': depth_vit_cfg(**SMALL_IMAGE_CFG),
     'ssog_ode_tiny_patch4_32.fmnist': depth_vit_cfg(**dict(SMALL_IMAGE_CFG, **fmnist_cfg('ssog_ode_tiny_patch4_32'))),
+    'ssog_ode_tiny_patch4_32.fmnist_distilled': depth_vit_cfg(
+        **dict(SMALL_IMAGE_CFG, **fmnist_cfg('ssog_ode_tiny_patch4_32', 'fmnist_distilled'))),
     'ssog_ode_small': depth_vit_cfg(),
     # trained on a CPU at 64 px (patch 16 -> a 4x4 grid), the size that budget allowed; the tag says so
     'ssog_ode_small.fmnist_64px': depth_vit_cfg(**fmnist_cfg('ssog_ode_small', 'fmnist_64px', img_size=64)),
