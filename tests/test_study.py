@@ -249,6 +249,49 @@ def test_guidance_report_keeps_the_committed_trajectory_of_runs_without_checkpoi
         write_guidance_report(root, test_samples=32, data_dir=str(idx_folder))
 
 
+def test_guidance_report_full_test_per_seed_on_grid_and_registered_solver(guidance, idx_folder, tmp_path):
+    """--full-test: each run's last-epoch weights on the whole test split, at the registered solver and on the
+    training grid, cached in the run's full_test.json so that the table survives the checkpoints."""
+    root = tmp_path / 'guidance'
+    shutil.copytree(guidance[0], root)
+    meta = json.loads((root / 'study.json').read_text())
+    # a solver option of the shared model kwargs: the same weights, solved on a 3-step grid instead of the 2 steps
+    # the registered solver gives a depth-2 trunk
+    meta['setup']['model_kwargs'] = ['depth=2', 'ode_steps=3']
+    (root / 'study.json').write_text(json.dumps(meta))
+    torch.manual_seed(0)
+    assert 'whole test set' not in write_guidance_report(root, test_samples=32, data_dir=str(idx_folder))
+    torch.manual_seed(0)
+    table = write_guidance_report(root, test_samples=32, data_dir=str(idx_folder), full_test=True)
+    assert '| seed | scratch, euler:3 (training grid) | guided, euler:3 (training grid) | gain (points) | ' \
+           'scratch, euler:2 (registered) |' in table
+    run = root / 'runs' / 'odevit_tiny_patch4_32-guided-seed1'
+    measured = json.loads((run / 'full_test.json').read_text())
+    model = timm.create_model('odevit_tiny_patch4_32', depth=2, in_chans=1, img_size=32,
+                              pretrained_cfg_overlay=FMNIST_CFG)
+    model.load_state_dict(read_checkpoint(str(run / 'last.pth.tar'))['state_dict'])
+    images = fm.load_tensors(str(idx_folder), 'test', model=model)
+    n = len(images[1])
+    assert f'whole test set ({n:,} images)' in table
+    assert measured['registered'] == {'solver': 'euler:2', 'top1': round(evaluate(model, images)['top1'], 2)}
+    model.set_solver(steps=3)
+    assert measured['grid'] == {'solver': 'euler:3', 'top1': round(evaluate(model, images)['top1'], 2)}
+    rows = [ln for ln in table.splitlines() if ln.startswith('| 1 |') or ln.startswith('| mean ± SD |')]
+    grid = {arm: json.loads((root / 'runs' / f'odevit_tiny_patch4_32-{arm}-seed1' / 'full_test.json').read_text())
+            ['grid']['top1'] for arm in ('scratch', 'guided')}
+    assert rows[0].startswith(f'| 1 | {grid["scratch"]:.2f} | {grid["guided"]:.2f} | '
+                              f'{grid["guided"] - grid["scratch"]:+.2f} |') and len(rows) == 2
+    # checkpoints gone (a fresh clone): the committed files give the same table
+    for path in (root / 'runs').glob('*/last.pth.tar'):
+        path.unlink()
+    again = write_guidance_report(root, test_samples=32, data_dir=str(idx_folder), full_test=True)
+    assert again.split('whole test set')[1] == table.split('whole test set')[1]
+    # runs measured unalike are refused, not averaged
+    (run / 'full_test.json').write_text(json.dumps(dict(measured, images=n + 1)))
+    with pytest.raises(ValueError, match='differ in images or solvers'):
+        write_guidance_report(root, test_samples=32, data_dir=str(idx_folder))
+
+
 def test_guided_run_records_and_cards_its_guidance(guidance, tmp_path):
     """A guided run's results.json holds its guidance with the defaults resolved (attention, JaSMin and logit KD on
     for an attention student and a same-label teacher); its exported card names the teacher, the student times of

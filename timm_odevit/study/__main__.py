@@ -73,6 +73,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     gr.add_argument('--out-dir', default=DEFAULT_GUIDANCE_OUT)
     gr.add_argument('--test-samples', type=int, default=256, help='first n test images for the trajectory')
     gr.add_argument('--data-dir', default=None, help="Fashion-MNIST IDX files (default: Debian's package)")
+    gr.add_argument('--full-test', action='store_true',
+                    help='also measure top-1 of each run with a checkpoint on the whole test set (full_test.json)')
     gv = sub.add_parser('guidance-variants', help='guided-arm variants of one comparison side by side, from the logs')
     gv.add_argument('--out-dirs', nargs='+', default=[DEFAULT_GUIDANCE_OUT])
     a = p.parse_args(argv)
@@ -95,7 +97,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         return 1 if failed else 0
     if a.cmd == 'guidance-report':
         from .guidance import write_guidance_report
-        print(write_guidance_report(Path(a.out_dir), a.test_samples, a.data_dir))
+        print(write_guidance_report(Path(a.out_dir), a.test_samples, a.data_dir, a.full_test))
         return 0
     if a.cmd == 'guidance-variants':
         from .guidance import guidance_variants

@@ -6,7 +6,9 @@ Runs go through the study's resumable runner (``run_study``): ``runs/<student>-s
 another one is refused. The report (``guidance.md``, ``guidance.csv``) gives final top-1 per arm (mean and sample SD
 over seeds), the gain paired by seed next to ODE-ViT's, and the trajectory: per target time, the distance between
 the student's state and the teacher's block output on test images, for both arms, so a reader sees whether guidance
-moved the trajectory at all.
+moved the trajectory at all. With ``full_test`` it adds top-1 of each run's last-epoch weights on the whole test set,
+on the training grid and at the registered solver (cached per run in ``full_test.json``, as checkpoints are not
+committed).
 """
 import argparse
 import csv
@@ -30,6 +32,9 @@ ARMS = ('scratch', 'guided')
 PAPER_GUIDANCE_GAIN = 10.0
 # the trajectory is compared scale-free (1 - cosine of CLS states): raw states of teacher and student differ in norm
 TRAJECTORY_NORM = 'cosine'
+# model kwargs that choose how an ODE trunk is solved, not what it is: left out to build the registered solver
+SOLVER_KWARGS = ('ode_method', 'ode_steps', 'ode_rtol', 'ode_atol', 'ode_adjoint', 'ode_max_nfe')
+FULL_TEST_FILE = 'full_test.json'
 
 
 def guidance_setup(student: str, teacher: str, guide: str = '', model_kwargs: Sequence[str] = (),
@@ -204,9 +209,92 @@ def _trajectory_sources(traj: Dict[str, Any]) -> str:
     return f'; {"; ".join(notes)}' if notes else ''
 
 
-def write_guidance_report(root: Path, test_samples: int = 256, data_dir: Optional[str] = None) -> str:
+def _measure_full_test(run: Path, setup: Dict[str, Any], data_dir: Optional[str]) -> Dict[str, Any]:
+    """Top-1 of the run's last-epoch weights (not an EMA: the weights results.json's top-1 was measured on) on the
+    whole test split of ``data_dir``: at the registered solver, and on the training grid when the run's model kwargs
+    chose another one."""
+    from .. import data as fm
+    from ..evaluate import evaluate
+    from ..models.pretrained import FMNIST_CFG
+    from ..train import model_from_checkpoint
+    from ..train.command import parse_args
+    kwargs = parse_args(['--model', setup['student'], '--model-kwargs', *setup['model_kwargs']]).model_kwargs
+    solver = {k[len('ode_'):]: v for k, v in kwargs.items() if k in SOLVER_KWARGS}
+    size = kwargs.get('img_size', FMNIST_CFG['input_size'][-1])
+    cfg = dict(FMNIST_CFG, input_size=(FMNIST_CFG['input_size'][0], size, size))
+    model = model_from_checkpoint(str(run / 'last.pth.tar'), setup['student'], pretrained_cfg=cfg,
+                                  **{k: v for k, v in kwargs.items() if k not in SOLVER_KWARGS})
+    images = fm.load_tensors(data_dir, 'test', model=model)
+
+    def solved() -> str:
+        return f'{model.trunk.method}:{model.trunk.steps}' if hasattr(model.trunk, 'method') else 'discrete'
+
+    def top1() -> Dict[str, Any]:
+        return {'solver': solved(), 'top1': round(evaluate(model, images)['top1'], 2)}
+    out = {'images': len(images[1]), 'registered': top1()}
+    if solver:
+        model.set_solver(**solver)
+        if solved() != out['registered']['solver']:
+            out['grid'] = top1()
+    return out
+
+
+def _full_test(runs: Dict[str, Dict[int, Path]], setup: Dict[str, Any], data_dir: Optional[str],
+               measure: bool) -> Dict[str, Dict[int, Dict[str, Any]]]:
+    """Per arm and seed, the full-test top-1 a run's ``full_test.json`` holds; with ``measure``, runs without one
+    and with a checkpoint are measured first (and the file written)."""
+    out: Dict[str, Dict[int, Dict[str, Any]]] = {arm: {} for arm in runs}
+    for arm, by_seed in runs.items():
+        for seed, path in by_seed.items():
+            cached = path / FULL_TEST_FILE
+            if measure and not cached.is_file() and (path / 'last.pth.tar').is_file():
+                cached.write_text(json.dumps(_measure_full_test(path, setup, data_dir), indent=2) + '\n')
+            if cached.is_file():
+                out[arm][seed] = json.loads(cached.read_text())
+    return out
+
+
+def _full_test_table(tests: Dict[str, Dict[int, Dict[str, Any]]]) -> List[str]:
+    """Markdown lines: per seed with both arms measured, top-1 per arm and the gain on the training grid and at the
+    registered solver, then mean ± SD over those seeds; no lines when no seed has both."""
+    seeds = sorted(set(tests['scratch']) & set(tests['guided']))
+    if not seeds:
+        return []
+    measured = [tests[arm][k] for arm in ARMS for k in seeds]
+    keys = [key for key in ('grid', 'registered') if key in measured[0]]
+    alike = {(m['images'], *(m[key]['solver'] if key in m else None for key in ('grid', 'registered')))
+             for m in measured}
+    if len(alike) > 1:
+        raise ValueError(f'The runs\' {FULL_TEST_FILE} files differ in images or solvers ({sorted(map(str, alike))}): delete '
+                         'them and measure all runs alike (--full-test).')
+    label = {'grid': 'training grid', 'registered': 'registered'}
+    head = []
+    for key in keys:
+        solved = f'{measured[0][key]["solver"]} ({label[key]})'
+        head += [f'scratch, {solved}', f'guided, {solved}', 'gain (points)']
+    lines = ['', f'Top-1 on the whole test set ({measured[0]["images"]:,} images), last-epoch weights of each run '
+                 '(not the EMA), per seed; gain = guided minus scratch:', '',
+             '| seed | ' + ' | '.join(head) + ' |', '|---:|' + '---:|' * len(head)]
+    cols: List[List[float]] = [[] for _ in head]
+    for k in seeds:
+        cells = []
+        for key in keys:
+            s, g = tests['scratch'][k][key]['top1'], tests['guided'][k][key]['top1']
+            cells += [s, g, g - s]
+        for col, v in zip(cols, cells):
+            col.append(v)
+        lines.append(f'| {k} | ' + ' | '.join(f'{v:+.2f}' if i % 3 == 2 else f'{v:.2f}' for i, v in enumerate(cells))
+                     + ' |')
+    lines.append('| mean ± SD | ' + ' | '.join(mean_sd(col) for col in cols) + ' |')
+    return lines
+
+
+def write_guidance_report(root: Path, test_samples: int = 256, data_dir: Optional[str] = None,
+                          full_test: bool = False) -> str:
     """Write ``guidance.csv`` and ``guidance.md`` under ``root``; returns the Markdown. The trajectory is read on
-    the first ``test_samples`` test images of ``data_dir`` (default: Debian's Fashion-MNIST, else the sample)."""
+    the first ``test_samples`` test images of ``data_dir`` (default: Debian's Fashion-MNIST, else the sample). With
+    ``full_test``, runs with a checkpoint and no ``full_test.json`` are measured on the whole test split of
+    ``data_dir``; the table of full-test top-1 shows every seed whose two runs have that file."""
     root = Path(root)
     runs = {arm: _finished(root, arm) for arm in ARMS}
     if not runs['scratch'] or not runs['guided']:
@@ -221,6 +309,7 @@ def write_guidance_report(root: Path, test_samples: int = 256, data_dir: Optiona
     minutes = {arm: statistics.mean(sum(h['train_seconds'] for h in r['history']) / 60 for r in by_seed.values())
                for arm, by_seed in results.items()}
     traj = _trajectory(root, runs, data_dir, test_samples)
+    tests = _full_test(runs, setup, data_dir, full_test)
     with open(root / 'guidance.csv', 'w', newline='') as f:
         w = csv.writer(f)
         w.writerow(['arm', 'seed', 'top1'] + [f'gap_t{t}' for t in traj['times']])
@@ -254,6 +343,7 @@ def write_guidance_report(root: Path, test_samples: int = 256, data_dir: Optiona
                   f'over seeds; gain = guided minus scratch, paired by seed ({gain:+.2f} points). Recipe: {recipe}; '
                   f'model kwargs: {setup.get("model_kwargs")}; '
                   f'guided-arm options: `{setup.get("guide") or "-"}`{shared}.']
+    lines += _full_test_table(tests)
     table = '\n'.join(lines) + '\n'
     (root / 'guidance.md').write_text(table)
     return table
