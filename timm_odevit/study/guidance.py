@@ -209,10 +209,11 @@ def _trajectory_sources(traj: Dict[str, Any]) -> str:
     return f'; {"; ".join(notes)}' if notes else ''
 
 
-def _measure_full_test(run: Path, setup: Dict[str, Any], data_dir: Optional[str]) -> Dict[str, Any]:
+def _measure_full_test(run: Path, setup: Dict[str, Any], data_dir: Optional[str],
+                       loaded: Dict[str, Any]) -> Dict[str, Any]:
     """Top-1 of the run's last-epoch weights (not an EMA: the weights results.json's top-1 was measured on) on the
     whole test split of ``data_dir``: at the registered solver, and on the training grid when the run's model kwargs
-    chose another one."""
+    chose another one. ``loaded`` keeps the test images between runs (the arms share preprocessing)."""
     from .. import data as fm
     from ..evaluate import evaluate
     from ..models.pretrained import FMNIST_CFG
@@ -224,7 +225,9 @@ def _measure_full_test(run: Path, setup: Dict[str, Any], data_dir: Optional[str]
     cfg = dict(FMNIST_CFG, input_size=(FMNIST_CFG['input_size'][0], size, size))
     model = model_from_checkpoint(str(run / 'last.pth.tar'), setup['student'], pretrained_cfg=cfg,
                                   **{k: v for k, v in kwargs.items() if k not in SOLVER_KWARGS})
-    images = fm.load_tensors(data_dir, 'test', model=model)
+    if 'images' not in loaded:
+        loaded['images'] = fm.load_tensors(data_dir, 'test', model=model)
+    images = loaded['images']
 
     def solved() -> str:
         return f'{model.trunk.method}:{model.trunk.steps}' if hasattr(model.trunk, 'method') else 'discrete'
@@ -244,11 +247,12 @@ def _full_test(runs: Dict[str, Dict[int, Path]], setup: Dict[str, Any], data_dir
     """Per arm and seed, the full-test top-1 a run's ``full_test.json`` holds; with ``measure``, runs without one
     and with a checkpoint are measured first (and the file written)."""
     out: Dict[str, Dict[int, Dict[str, Any]]] = {arm: {} for arm in runs}
+    loaded: Dict[str, Any] = {}
     for arm, by_seed in runs.items():
         for seed, path in by_seed.items():
             cached = path / FULL_TEST_FILE
             if measure and not cached.is_file() and (path / 'last.pth.tar').is_file():
-                cached.write_text(json.dumps(_measure_full_test(path, setup, data_dir), indent=2) + '\n')
+                cached.write_text(json.dumps(_measure_full_test(path, setup, data_dir, loaded), indent=2) + '\n')
             if cached.is_file():
                 out[arm][seed] = json.loads(cached.read_text())
     return out
@@ -265,8 +269,8 @@ def _full_test_table(tests: Dict[str, Dict[int, Dict[str, Any]]]) -> List[str]:
     alike = {(m['images'], *(m[key]['solver'] if key in m else None for key in ('grid', 'registered')))
              for m in measured}
     if len(alike) > 1:
-        raise ValueError(f'The runs\' {FULL_TEST_FILE} files differ in images or solvers ({sorted(map(str, alike))}): delete '
-                         'them and measure all runs alike (--full-test).')
+        raise ValueError(f'The runs\' {FULL_TEST_FILE} files differ in images or solvers '
+                         f'({sorted(map(str, alike))}): delete them and measure all runs alike (--full-test).')
     label = {'grid': 'training grid', 'registered': 'registered'}
     head = []
     for key in keys:
