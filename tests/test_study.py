@@ -292,6 +292,28 @@ def test_guidance_report_full_test_per_seed_on_grid_and_registered_solver(guidan
         write_guidance_report(root, test_samples=32, data_dir=str(idx_folder))
 
 
+def test_guidance_runner_measures_each_run_on_the_full_test_as_it_ends(guidance, idx_folder, tmp_path):
+    """The command's runner writes each run's full_test.json while its checkpoint is still there, so that a
+    checkpoint lost with a machine leaves the run in the full-test table; the file holds what the report measures."""
+    from timm_odevit.study.__main__ import main
+    from timm_odevit.study.guidance import record_full_test
+    root = tmp_path / 'guidance'
+    shutil.copytree(guidance[0], root)
+    meta = json.loads((root / 'study.json').read_text())
+    recipe = [f'--{k.replace("_", "-")}={v}' for k, v in meta['recipe'].items()]
+    assert main(['guidance', '--out-dir', str(root), '--seeds', '0', '2', '--data-dir', str(idx_folder),
+                 '--student', GUIDANCE['student'], '--teacher', GUIDANCE['teacher'], '--guide', GUIDANCE['guide'],
+                 '--model-kwargs', *GUIDANCE['model_kwargs'], *recipe]) == 0
+    runs = root / 'runs'
+    # seed 0 was done before: not trained, not measured
+    assert not list(runs.glob('*-seed0/full_test.json'))
+    for arm in ('scratch', 'guided'):
+        run = runs / f'odevit_tiny_patch4_32-{arm}-seed2'
+        written = json.loads((run / 'full_test.json').read_text())
+        assert written['registered']['solver'] == 'euler:2' and 'grid' not in written
+        assert record_full_test(run, meta['setup'], str(idx_folder)) == written
+
+
 def test_guided_run_records_and_cards_its_guidance(guidance, tmp_path):
     """A guided run's results.json holds its guidance with the defaults resolved (attention, JaSMin and logit KD on
     for an attention student and a same-label teacher); its exported card names the teacher, the student times of

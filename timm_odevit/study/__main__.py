@@ -69,6 +69,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     gd.add_argument('--train-options', default='',
                     help="further training options of both arms, e.g. the published weights' recipe '--augment "
                          "--smoothing 0.1 --model-ema --model-ema-decay 0.999 --torchcompile'")
+    gd.add_argument('--no-full-test', action='store_true',
+                    help="don't measure each run on the whole test set as it ends (full_test.json, which "
+                         "guidance-report --full-test tabulates; the checkpoint it reads is not committed)")
     gr = sub.add_parser('guidance-report', help='scratch vs guided: top-1 and the trajectory against the teacher')
     gr.add_argument('--out-dir', default=DEFAULT_GUIDANCE_OUT)
     gr.add_argument('--test-samples', type=int, default=256, help='first n test images for the trajectory')
@@ -94,6 +97,10 @@ def main(argv: Optional[List[str]] = None) -> int:
         for i, (run, status) in enumerate(run_study(Path(a.out_dir), runs, recipe, a.threads, a.data_dir, setup)):
             logging.info('[%d/%d] %s: %s', i + 1, len(runs), run.name, status)
             failed += status == 'failed'
+            if status == 'trained' and setup is not None and not a.no_full_test:
+                from .guidance import record_full_test
+                logging.info('%s: full test %s', run.name, record_full_test(Path(a.out_dir) / 'runs' / run.name,
+                                                                            setup, a.data_dir))
         return 1 if failed else 0
     if a.cmd == 'guidance-report':
         from .guidance import write_guidance_report

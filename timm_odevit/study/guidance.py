@@ -8,7 +8,7 @@ over seeds), the gain paired by seed next to ODE-ViT's, and the trajectory: per 
 the student's state and the teacher's block output on test images, for both arms, so a reader sees whether guidance
 moved the trajectory at all. With ``full_test`` it adds top-1 of each run's last-epoch weights on the whole test set,
 on the training grid and at the registered solver (cached per run in ``full_test.json``, as checkpoints are not
-committed).
+committed; the runner writes it as each run ends).
 """
 import argparse
 import csv
@@ -24,7 +24,7 @@ import torch
 from .report import mean_sd
 from .runs import RUN_OPTIONS, Run, StudyRecipe
 
-__all__ = ['ARMS', 'PAPER_GUIDANCE_GAIN', 'guidance_setup', 'guidance_runs', 'guidance_variants',
+__all__ = ['ARMS', 'PAPER_GUIDANCE_GAIN', 'guidance_setup', 'guidance_runs', 'guidance_variants', 'record_full_test',
            'write_guidance_report', 'write_weights_trajectory']
 
 ARMS = ('scratch', 'guided')
@@ -242,6 +242,16 @@ def _measure_full_test(run: Path, setup: Dict[str, Any], data_dir: Optional[str]
     return out
 
 
+def record_full_test(run: Path, setup: Dict[str, Any], data_dir: Optional[str] = None,
+                     loaded: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
+    """Measure a finished run's last-epoch weights on the whole test split of ``data_dir`` and write them to the
+    run's ``full_test.json``; returns what was written. The guidance runner calls it as each run ends, while the
+    checkpoint (not committed) is still on the machine."""
+    out = _measure_full_test(Path(run), setup, data_dir, {} if loaded is None else loaded)
+    (Path(run) / FULL_TEST_FILE).write_text(json.dumps(out, indent=2) + '\n')
+    return out
+
+
 def _full_test(runs: Dict[str, Dict[int, Path]], setup: Dict[str, Any], data_dir: Optional[str],
                measure: bool) -> Dict[str, Dict[int, Dict[str, Any]]]:
     """Per arm and seed, the full-test top-1 a run's ``full_test.json`` holds; with ``measure``, runs without one
@@ -252,7 +262,7 @@ def _full_test(runs: Dict[str, Dict[int, Path]], setup: Dict[str, Any], data_dir
         for seed, path in by_seed.items():
             cached = path / FULL_TEST_FILE
             if measure and not cached.is_file() and (path / 'last.pth.tar').is_file():
-                cached.write_text(json.dumps(_measure_full_test(path, setup, data_dir, loaded), indent=2) + '\n')
+                record_full_test(path, setup, data_dir, loaded)
             if cached.is_file():
                 out[arm][seed] = json.loads(cached.read_text())
     return out
