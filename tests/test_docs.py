@@ -99,6 +99,8 @@ GENERATORS: Dict[str, Callable[[], str]] = {
         _committed('results/guidance/guidance.md'),
     'python -m timm_odevit.study guidance-report --out-dir results/guidance_noinit '
     '(writes results/guidance_noinit/guidance.md)': _committed('results/guidance_noinit/guidance.md'),
+    'python -m timm_odevit.study guidance-report --out-dir results/guidance_full --full-test '
+    '(writes results/guidance_full/guidance.md)': _committed('results/guidance_full/guidance.md'),
     f'python -m timm_odevit.study guidance-variants --out-dirs {" ".join(GUIDANCE_VARIANTS)}': _guidance_variants,
 }
 
