@@ -12,6 +12,7 @@ committed; the runner writes it as each run ends).
 """
 import argparse
 import csv
+import inspect
 import json
 import shlex
 import statistics
@@ -21,6 +22,7 @@ from typing import Any, Dict, List, Optional, Sequence
 
 import torch
 
+from ..layers import OdeDepth
 from .report import mean_sd
 from .runs import RUN_OPTIONS, Run, StudyRecipe
 
@@ -32,8 +34,9 @@ ARMS = ('scratch', 'guided')
 PAPER_GUIDANCE_GAIN = 10.0
 # the trajectory is compared scale-free (1 - cosine of CLS states): raw states of teacher and student differ in norm
 TRAJECTORY_NORM = 'cosine'
-# model kwargs that choose how an ODE trunk is solved, not what it is: left out to build the registered solver
-SOLVER_KWARGS = ('ode_method', 'ode_steps', 'ode_rtol', 'ode_atol', 'ode_adjoint', 'ode_max_nfe')
+# model kwargs that choose how an ODE trunk is solved, not what it is (what set_solver takes): left out to build
+# the registered solver
+SOLVER_KWARGS = tuple(f'ode_{name}' for name in inspect.signature(OdeDepth.set_solver).parameters if name != 'self')
 FULL_TEST_FILE = 'full_test.json'
 
 
