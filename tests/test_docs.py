@@ -132,6 +132,13 @@ def test_every_generated_table_is_known():
                                         'python -m timm_odevit.hub table --root weights'}
     unknown = [(_rel(p), c) for p, c, _ in found if c not in GENERATORS]
     assert not unknown, f'tables with no registered generator: {unknown}'
+    # a block that swallows the next one (an empty body matches up to a later end marker) hides that one's check
+    for page in PAGES:
+        text = page.read_text()
+        blocks = [m['body'] for m in _TABLE.finditer(text)]
+        opened, ended = (len(re.findall(rf'^{marker}', text, re.M)) for marker in ('<!-- table: ', '<!-- end table'))
+        assert len(blocks) == opened == ended, f'{_rel(page)}: a table block without its own end marker or body'
+        assert not [b for b in blocks if '<!-- table: ' in b], f'{_rel(page)}: a table block holds another'
 
 
 @pytest.mark.parametrize('cmd', sorted(GENERATORS))
