@@ -469,6 +469,24 @@ def test_export_in_half_precision_measures_the_stored_weights(tmp_path, monkeypa
     assert 'byte-identical' in lines[1] and 'DIFFERS' not in '\n'.join(lines)
 
 
+def test_card_measures_an_ode_weight_also_on_its_training_grid():
+    """An ODE weight trained on another grid gets a second top-1 per test set, solved as trained, with the command
+    that reproduces it; the model is left at its registered solver."""
+    from timm_odevit.evaluate import evaluate
+    from timm_odevit.hub.export import measure
+    model = timm.create_model(f'local-dir:{WEIGHTS / "ssog_ode_tiny_patch4_32.fmnist"}', pretrained=True)
+    folder = 'weights/ssog_ode_tiny_patch4_32.fmnist'
+    metrics = measure(model, folder, full_test=False, trained_ode_steps=5)
+    sample, trained = list(metrics)
+    assert trained == f'{sample}, solved as trained (5 Euler steps)' and model.trunk.steps == 12
+    assert metrics[trained]['command'].endswith('--data sample --solver euler:5')
+    images = fm.load_tensors(fm.SAMPLE_DIR, 'test', model=model)
+    model.set_solver(steps=5)
+    assert metrics[trained]['correct'] == evaluate(model, images)['correct']
+    model.set_solver(steps=12)
+    assert list(measure(model, folder, full_test=False, trained_ode_steps=12)) == [sample]  # trained as registered
+
+
 def test_demo_prints_top1_through_mirror(capsys):
     from timm_odevit.hub.demo import BUNDLED_REPOS, DEFAULT_MODEL, main
     # setup.py bundles exactly the weights the demo's untagged name resolves to (test_untagged_name_... above)

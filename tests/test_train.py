@@ -8,7 +8,8 @@ import torch
 import timm
 import timm_odevit  # noqa: F401
 from timm_odevit import data as fm
-from timm_odevit.evaluate import evaluate, parse_solver
+from timm_odevit.evaluate import evaluate, evaluate_solved, parse_solver, solver_of
+from timm_odevit.layers import OdeSolverError
 from timm_odevit.train import format_command, main, model_from_checkpoint, parse_args, read_checkpoint, recorded_args
 from timm_odevit.train.command import RUN_PLACE_OPTIONS, input_stats
 
@@ -195,6 +196,25 @@ def test_evaluate_top1_and_nfe_on_tensors_and_loaders():
     assert parse_solver('rk4:6') == ('rk4', 6)
     with pytest.raises(ValueError, match='method:steps'):
         parse_solver('euler')
+
+
+def test_evaluate_solved_measures_registered_and_other_solver_and_restores_the_model():
+    torch.manual_seed(0)
+    model = timm.create_model('odevit_tiny_patch4_32', num_classes=10, in_chans=1, ode_steps=3, ode_max_nfe=50)
+    x, y = torch.randn(6, 1, 32, 32), torch.randint(0, 10, (6,))
+    r = evaluate_solved(model, (x, y), {'method': 'rk4', 'steps': 2}, batch_size=4)
+    assert r['registered']['solver'] == 'euler:3' and r['registered']['nfe'] == 3
+    assert r['solver']['solver'] == 'rk4:2' and r['solver']['nfe'] == 8
+    model.set_solver(method='rk4', steps=2)
+    assert r['solver']['top1'] == evaluate(model, (x, y))['top1']
+    model.set_solver(method='euler', steps=3)
+    # a solver the model already has is not measured twice; a failing one leaves the model as it came
+    assert set(evaluate_solved(model, (x, y), {'steps': 3})) == {'registered'}
+    with pytest.raises(OdeSolverError, match='max_nfe=5 '):
+        evaluate_solved(model, (x, y), {'method': 'dopri5', 'rtol': 1e-9, 'atol': 1e-9, 'max_nfe': 5})
+    assert solver_of(model) == 'euler:3' and model.trunk.max_nfe == 50 and model.trunk.rtol != 1e-9
+    vit = timm.create_model('dense_vit_tiny_patch4_32', num_classes=10, in_chans=1)
+    assert evaluate_solved(vit, (x, y))['registered']['solver'] == 'discrete'
 
 
 def test_augment_batch_flips_and_shifts_each_image_alone():

@@ -5,14 +5,19 @@
 mode, optionally under autocast (``amp_dtype=torch.bfloat16`` on CPU or CUDA), and in a distributed run sums the
 counts over ranks. ``nfe`` is the mean over forwards of ``model.nfe`` (block or field evaluations per forward, which
 every timm_odevit model reports); ``None`` for a model without it, such as timm's own ViTs.
+
+``evaluate_solved(model, data, solver)`` measures an ODE model at the solver it was built with and, when ``solver``
+solves it another way (such as the grid it was trained on), once more that way; the Hub cards and the guidance
+study both report these two figures.
 """
+import inspect
 from typing import Any, Dict, Iterable, Optional, Tuple, Union
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
-__all__ = ['evaluate', 'parse_solver']
+__all__ = ['evaluate', 'evaluate_solved', 'parse_solver', 'solver_of']
 
 Batches = Union[Iterable[Tuple[torch.Tensor, torch.Tensor]], Tuple[torch.Tensor, torch.Tensor]]
 
@@ -97,3 +102,33 @@ def evaluate(
         'loss': loss / n,
         'nfe': nfe / forwards if forwards else None,
     }
+
+
+def solver_of(model: nn.Module) -> str:
+    """How a model is solved now: 'euler:12' for an ODE trunk, 'discrete' for any other model."""
+    trunk = getattr(model, 'trunk', None)
+    return f'{trunk.method}:{trunk.steps}' if hasattr(trunk, 'method') else 'discrete'
+
+
+def evaluate_solved(
+        model: nn.Module,
+        data: Batches,
+        solver: Optional[Dict[str, Any]] = None,
+        **kwargs: Any,
+) -> Dict[str, Dict[str, Any]]:
+    """``evaluate`` (``kwargs`` go to it) at the solver the model has now, under ``'registered'``, and, when
+    ``solver`` (keyword arguments of ``model.set_solver``, e.g. a training grid's ``{'steps': 23}``) solves it another
+    way, once more solved that way, under ``'solver'``. Each result names its solver (``solver_of``); the model is
+    left solved as it came, whatever happens."""
+    out = {'registered': dict(evaluate(model, data, **kwargs), solver=solver_of(model))}
+    if not solver:
+        return out
+    trunk = model.trunk
+    before = {name: getattr(trunk, name) for name in inspect.signature(trunk.set_solver).parameters}
+    try:
+        model.set_solver(**solver)
+        if solver_of(model) != out['registered']['solver']:
+            out['solver'] = dict(evaluate(model, data, **kwargs), solver=solver_of(model))
+    finally:
+        trunk.set_solver(**before)
+    return out

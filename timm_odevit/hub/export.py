@@ -22,7 +22,7 @@ from timm.models._hub import generate_readme
 
 from . import CARD_FILE, CONFIG_FILE, ORG, WEIGHTS_FILE
 from .. import data as fm
-from ..evaluate import evaluate
+from ..evaluate import evaluate_solved
 from ..models.pretrained import FMNIST_CFG
 from ..train import PROG, checkpoint_args, model_from_checkpoint, read_checkpoint
 from .card import evaluate_command, model_card, training_lines
@@ -44,18 +44,15 @@ def measure(model: nn.Module, folder: str, full_test: bool = True,
     ``full_test`` and Debian's package is installed) the full test set, each with the command that measures it;
     an ODE model trained with another step count (``trained_ode_steps``) is measured at that count too."""
     sets = [t for t in TEST_SETS if t[2] == 'sample' or (full_test and t[1].is_dir())]
-    metrics = {name: dict(evaluate(model, fm.load_tensors(src, 'test', model=model)),
-                          command=evaluate_command(folder, key)) for name, src, key in sets}
-    trained_steps = trained_ode_steps
-    if trained_steps and trained_steps != model.trunk.steps:
-        default_steps = model.trunk.steps
-        model.set_solver(steps=trained_steps)
-        for name, src, key in sets:
-            r = evaluate(model, fm.load_tensors(src, 'test', model=model))
-            metrics[f'{name}, solved as trained ({trained_steps} Euler steps)'] = dict(
-                r, command=evaluate_command(folder, key, f'{model.trunk.method}:{trained_steps}'))
-        model.set_solver(steps=default_steps)
-    return metrics
+    metrics, as_trained = {}, {}
+    for name, src, key in sets:
+        r = evaluate_solved(model, fm.load_tensors(src, 'test', model=model),
+                            {'steps': trained_ode_steps} if trained_ode_steps else None)
+        metrics[name] = dict(r['registered'], command=evaluate_command(folder, key))
+        if 'solver' in r:
+            as_trained[f'{name}, solved as trained ({trained_ode_steps} Euler steps)'] = dict(
+                r['solver'], command=evaluate_command(folder, key, r['solver']['solver']))
+    return {**metrics, **as_trained}
 
 
 def stored_dtype(path: Path) -> torch.dtype:

@@ -218,7 +218,7 @@ def _measure_full_test(run: Path, setup: Dict[str, Any], data_dir: Optional[str]
     whole test split of ``data_dir``: at the registered solver, and on the training grid when the run's model kwargs
     chose another one. ``loaded`` keeps the test images between runs (the arms share preprocessing)."""
     from .. import data as fm
-    from ..evaluate import evaluate
+    from ..evaluate import evaluate_solved
     from ..models.pretrained import FMNIST_CFG
     from ..train import model_from_checkpoint
     from ..train.command import parse_args
@@ -230,18 +230,11 @@ def _measure_full_test(run: Path, setup: Dict[str, Any], data_dir: Optional[str]
                                   **{k: v for k, v in kwargs.items() if k not in SOLVER_KWARGS})
     if 'images' not in loaded:
         loaded['images'] = fm.load_tensors(data_dir, 'test', model=model)
-    images = loaded['images']
-
-    def solved() -> str:
-        return f'{model.trunk.method}:{model.trunk.steps}' if hasattr(model.trunk, 'method') else 'discrete'
-
-    def top1() -> Dict[str, Any]:
-        return {'solver': solved(), 'top1': round(evaluate(model, images)['top1'], 2)}
-    out = {'images': len(images[1]), 'registered': top1()}
-    if solver:
-        model.set_solver(**solver)
-        if solved() != out['registered']['solver']:
-            out['grid'] = top1()
+    r = evaluate_solved(model, loaded['images'], solver)
+    out = {'images': r['registered']['n']}
+    for key, name in (('registered', 'registered'), ('solver', 'grid')):
+        if key in r:
+            out[name] = {'solver': r[key]['solver'], 'top1': round(r[key]['top1'], 2)}
     return out
 
 
