@@ -516,6 +516,24 @@ def test_pretrained_without_mirror_fails_at_once_and_says_what_to_do(tmp_path, n
         assert phrase in last
 
 
+def test_export_records_the_size_the_run_trained_at(tmp_path):
+    """A run trained with --model-kwargs img_size=N exports at N px without being told again (a 224-px architecture
+    trained small, like ssog_ode_small at 64 px); --img-size still overrides it."""
+    import argparse
+    from timm_odevit.hub.__main__ import main as hub_main
+    model = timm.create_model('ssog_ode_tiny_patch4_32', num_classes=10, in_chans=1, img_size=16)
+    ckpt = tmp_path / 'last.pth.tar'
+    args = argparse.Namespace(model='ssog_ode_tiny_patch4_32', model_kwargs={'img_size': 16})
+    torch.save({'arch': 'ssog_ode_tiny_patch4_32', 'state_dict': model.state_dict(), 'args': args}, ckpt)
+    assert hub_main(['export', str(ckpt), '--tag', 'small', '--root', str(tmp_path / 'w'), '--no-full']) == 0
+    config = json.loads((tmp_path / 'w' / 'ssog_ode_tiny_patch4_32.small' / 'config.json').read_text())
+    assert config['pretrained_cfg']['input_size'] == [1, 16, 16]
+    loaded = timm.create_model(f'local-dir:{tmp_path / "w" / "ssog_ode_tiny_patch4_32.small"}', pretrained=True)
+    assert torch.equal(loaded.pos_embed, model.pos_embed)
+    with pytest.raises(ValueError, match='img_size'):  # a size that does not fit the weights says which one does
+        hub_main(['export', str(ckpt), '--tag', 'big', '--root', str(tmp_path / 'w'), '--no-full', '--img-size', '32'])
+
+
 def test_export_replaces_files_whole(tmp_path):
     """A re-export renames finished files into place: a reader that opened the old file keeps reading the old bytes
     whole (they still hash to the old manifest), and the new file hashes to the new manifest."""

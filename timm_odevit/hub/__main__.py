@@ -36,7 +36,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     e.add_argument('checkpoint', help='e.g. output/train/<run>/last.pth.tar')
     e.add_argument('--tag', required=True, help='what the weights are, e.g. fmnist or fmnist_64px')
     e.add_argument('--arch', default=None, help="default: the checkpoint's --model")
-    e.add_argument('--img-size', type=int, default=32, help='input size the exported config.json records')
+    e.add_argument('--img-size', type=int, default=None, help='input size the exported config.json records '
+                   "(default: the run's --model-kwargs img_size, else 32)")
     e.add_argument('--description', default=None, help='model card description')
     e.add_argument('--root', default='weights')
     e.add_argument('--use-ema', action='store_true')
@@ -103,9 +104,9 @@ def main(argv: Optional[List[str]] = None) -> int:
 
     if a.cmd == 'export':
         import timm_odevit  # noqa: F401
-        from ..models.pretrained import FMNIST_CFG
+        from ..models.pretrained import fmnist_input
         from .export import STORAGE_DTYPES, export_checkpoint
-        cfg = dict(FMNIST_CFG, input_size=(1, a.img_size, a.img_size))
+        cfg = fmnist_input(a.img_size) if a.img_size else None
         print(json.dumps(export_checkpoint(a.checkpoint, a.tag, a.root, cfg, a.description, not a.no_full,
                                            a.use_ema, a.arch, a.threads, STORAGE_DTYPES[a.dtype])))
     elif a.cmd == 'manifest':

@@ -23,7 +23,7 @@ from timm.models._hub import generate_readme
 from . import CARD_FILE, CONFIG_FILE, ORG, WEIGHTS_FILE
 from .. import data as fm
 from ..evaluate import evaluate_solved
-from ..models.pretrained import FMNIST_CFG
+from ..models.pretrained import fmnist_input
 from ..train import PROG, checkpoint_args, model_from_checkpoint, read_checkpoint
 from .card import evaluate_command, model_card, training_lines
 from .verify import EXPORT_FIX, RepoError, sha256_file, verify_repo, write_manifest
@@ -84,12 +84,14 @@ def export_checkpoint(
         dtype: torch.dtype = torch.float32,
 ) -> Dict[str, Any]:
     """Export a checkpoint of ``python -m timm_odevit.train`` (or timm's train.py) to ``root/<arch>.<tag>/``: the
-    registered architecture with ``pretrained_cfg`` (default: Fashion-MNIST at 32 px), a card rendering the run's
+    registered architecture with ``pretrained_cfg`` (default: Fashion-MNIST at the size the run trained at, its
+    ``--model-kwargs img_size``, else 32 px), a card rendering the run's
     command and budget (for this package's command only; ``threads`` for a run that did not record its own), and
     top-1 measured here, on the weights as stored in ``dtype``. Returns the folder and the top-1 figures."""
     ckpt = read_checkpoint(checkpoint)
     args = checkpoint_args(ckpt)
-    cfg = dict(pretrained_cfg or ckpt.get('pretrained_cfg') or FMNIST_CFG)
+    cfg = dict(pretrained_cfg or ckpt.get('pretrained_cfg')
+               or fmnist_input((args.get('model_kwargs') or {}).get('img_size', 32)))
     model = model_from_checkpoint(checkpoint, arch, use_ema, cfg)
     if dtype != torch.float32:
         # the card's figures are those of the file a user loads: its values rounded to dtype, in a float32 model

@@ -8,7 +8,7 @@ from typing import Any, Dict, Optional
 
 from ..data import FASHION_MNIST_CLASSES, FASHION_MNIST_MEAN, FASHION_MNIST_STD
 
-__all__ = ['ORG', 'hub_id', 'FMNIST_TAG', 'FMNIST_CFG', 'fmnist_cfg', 'keep_untagged_default', 'check_reachable']
+__all__ = ['ORG', 'hub_id', 'FMNIST_TAG', 'FMNIST_CFG', 'fmnist_input', 'fmnist_cfg', 'keep_untagged_default', 'check_reachable']
 
 # the one place the Hub organisation is named; every published hf_hub_id is built from it by hub_id()
 ORG = 'timm-odevit'
@@ -27,10 +27,15 @@ FMNIST_CFG: Dict[str, Any] = dict(
 )
 
 
+def fmnist_input(img_size: int = 32) -> Dict[str, Any]:
+    """FMNIST_CFG at another input size: what weights trained with ``--model-kwargs img_size=<n>`` expect."""
+    return dict(FMNIST_CFG, input_size=(FMNIST_CFG['input_size'][0], img_size, img_size))
+
+
 def fmnist_cfg(arch: str, tag: str = FMNIST_TAG, img_size: int = 32) -> Dict[str, Any]:
     """depth_vit_cfg overrides for ``<arch>.<tag>``: where the weights live and what they expect (grey images at
     ``img_size``; a 224-px architecture trained at a smaller size names that size in its tag)."""
-    return dict(FMNIST_CFG, hf_hub_id=hub_id(arch, tag), input_size=(1, img_size, img_size))
+    return dict(fmnist_input(img_size), hf_hub_id=hub_id(arch, tag))
 
 
 def keep_untagged_default(default_cfgs: Dict[str, Any]) -> Dict[str, Any]:

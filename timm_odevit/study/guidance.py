@@ -219,14 +219,13 @@ def _measure_full_test(run: Path, setup: Dict[str, Any], data_dir: Optional[str]
     chose another one. ``loaded`` keeps the test images between runs (the arms share preprocessing)."""
     from .. import data as fm
     from ..evaluate import evaluate_solved
-    from ..models.pretrained import FMNIST_CFG
+    from ..models.pretrained import fmnist_input
     from ..train import model_from_checkpoint
     from ..train.command import parse_args
     kwargs = parse_args(['--model', setup['student'], '--model-kwargs', *setup['model_kwargs']]).model_kwargs
     solver = {k[len('ode_'):]: v for k, v in kwargs.items() if k in SOLVER_KWARGS}
-    size = kwargs.get('img_size', FMNIST_CFG['input_size'][-1])
-    cfg = dict(FMNIST_CFG, input_size=(FMNIST_CFG['input_size'][0], size, size))
-    model = model_from_checkpoint(str(run / 'last.pth.tar'), setup['student'], pretrained_cfg=cfg,
+    model = model_from_checkpoint(str(run / 'last.pth.tar'), setup['student'],
+                                  pretrained_cfg=fmnist_input(kwargs.get('img_size', 32)),
                                   **{k: v for k, v in kwargs.items() if k not in SOLVER_KWARGS})
     if 'images' not in loaded:
         loaded['images'] = fm.load_tensors(data_dir, 'test', model=model)
