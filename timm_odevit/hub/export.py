@@ -85,9 +85,9 @@ def export_checkpoint(
 ) -> Dict[str, Any]:
     """Export a checkpoint of ``python -m timm_odevit.train`` (or timm's train.py) to ``root/<arch>.<tag>/``: the
     registered architecture with ``pretrained_cfg`` (default: Fashion-MNIST at the size the run trained at, its
-    ``--model-kwargs img_size``, else 32 px), a card rendering the run's
-    command and budget (for this package's command only; ``threads`` for a run that did not record its own), and
-    top-1 measured here, on the weights as stored in ``dtype``. Returns the folder and the top-1 figures."""
+    ``--model-kwargs img_size``, else 32 px), a card rendering the run's command and budget (for this package's
+    command only; ``threads`` for a run that did not record its own), and top-1 measured here, on the weights as
+    stored in ``dtype``. Returns the folder and the top-1 figures."""
     ckpt = read_checkpoint(checkpoint)
     args = checkpoint_args(ckpt)
     cfg = dict(pretrained_cfg or ckpt.get('pretrained_cfg')

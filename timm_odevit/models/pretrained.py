@@ -8,7 +8,8 @@ from typing import Any, Dict, Optional
 
 from ..data import FASHION_MNIST_CLASSES, FASHION_MNIST_MEAN, FASHION_MNIST_STD
 
-__all__ = ['ORG', 'hub_id', 'FMNIST_TAG', 'FMNIST_CFG', 'fmnist_input', 'fmnist_cfg', 'keep_untagged_default', 'check_reachable']
+__all__ = ['ORG', 'hub_id', 'FMNIST_TAG', 'FMNIST_CFG', 'fmnist_input', 'fmnist_cfg', 'keep_untagged_default',
+           'check_reachable']
 
 # the one place the Hub organisation is named; every published hf_hub_id is built from it by hub_id()
 ORG = 'timm-odevit'
