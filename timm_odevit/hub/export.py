@@ -91,7 +91,7 @@ def export_checkpoint(
     ckpt = read_checkpoint(checkpoint)
     args = checkpoint_args(ckpt)
     cfg = dict(pretrained_cfg or ckpt.get('pretrained_cfg')
-               or fmnist_input((args.get('model_kwargs') or {}).get('img_size', 32)))
+               or fmnist_input((args.get('model_kwargs') or {}).get('img_size')))
     model = model_from_checkpoint(checkpoint, arch, use_ema, cfg)
     if dtype != torch.float32:
         # the card's figures are those of the file a user loads: its values rounded to dtype, in a float32 model

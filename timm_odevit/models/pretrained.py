@@ -28,9 +28,12 @@ FMNIST_CFG: Dict[str, Any] = dict(
 )
 
 
-def fmnist_input(img_size: int = 32) -> Dict[str, Any]:
-    """FMNIST_CFG at another input size: what weights trained with ``--model-kwargs img_size=<n>`` expect."""
-    return dict(FMNIST_CFG, input_size=(FMNIST_CFG['input_size'][0], img_size, img_size))
+def fmnist_input(img_size: Optional[int] = None) -> Dict[str, Any]:
+    """FMNIST_CFG at another input size: what weights trained with ``--model-kwargs img_size=<n>`` expect (None:
+    FMNIST_CFG's own 32 px)."""
+    chans, height, _ = FMNIST_CFG['input_size']
+    size = height if img_size is None else img_size
+    return dict(FMNIST_CFG, input_size=(chans, size, size))
 
 
 def fmnist_cfg(arch: str, tag: str = FMNIST_TAG, img_size: int = 32) -> Dict[str, Any]:

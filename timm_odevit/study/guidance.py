@@ -225,7 +225,7 @@ def _measure_full_test(run: Path, setup: Dict[str, Any], data_dir: Optional[str]
     kwargs = parse_args(['--model', setup['student'], '--model-kwargs', *setup['model_kwargs']]).model_kwargs
     solver = {k[len('ode_'):]: v for k, v in kwargs.items() if k in SOLVER_KWARGS}
     model = model_from_checkpoint(str(run / 'last.pth.tar'), setup['student'],
-                                  pretrained_cfg=fmnist_input(kwargs.get('img_size', 32)),
+                                  pretrained_cfg=fmnist_input(kwargs.get('img_size')),
                                   **{k: v for k, v in kwargs.items() if k not in SOLVER_KWARGS})
     if 'images' not in loaded:
         loaded['images'] = fm.load_tensors(data_dir, 'test', model=model)
