@@ -743,3 +743,34 @@ def test_elasticity_of_published_ode_weights(tmp_path):
                                                      ['odevit_tiny_patch4_32.fmnist', '', 'rk4', '2', '8']]
     assert '| NFE | | 3 | 8 |' in table and 'first 16 Fashion-MNIST' in table
     assert (tmp_path / 'out' / 'elasticity.png').is_file()
+
+
+def test_elasticity_only_remeasures_the_named_weights_and_keeps_the_rest(tmp_path):
+    """--only measures the named weights and keeps every other weight's rows from the last table, in folder order;
+    it refuses a name that is not an ODE weight and a last table at other solvers or on another number of images."""
+    from timm_odevit.hub.export import export
+    from timm_odevit.study.elasticity import write_weights_elasticity
+    root, out = tmp_path / 'weights', tmp_path / 'out'
+    archs = ('odevit_tiny_patch4_32', 'ssog_ode_tiny_patch4_32')
+    for arch in archs:
+        export(timm.create_model(arch, num_classes=10, in_chans=1, depth=2), arch, 'fmnist', str(root))
+    kw = dict(test_samples=16, data_dir=str(fm.SAMPLE_DIR))
+    with pytest.raises(ValueError, match='no earlier elasticity.csv'):
+        write_weights_elasticity(root, out, ['euler:3'], only=[f'{archs[1]}.fmnist'], **kw)
+    write_weights_elasticity(root, out, ['euler:3', 'rk4:2'], **kw)
+    before = (out / 'elasticity.csv').read_text().splitlines()
+    # marks in the last table: the named weight's rows must be measured again, the others' kept as they are
+    marked = [r.rsplit(',', 1)[0] + (',-1.0' if i < 3 else ',99.0') for i, r in enumerate(before) if i]
+    (out / 'elasticity.csv').write_text('\n'.join([before[0], *marked]) + '\n')
+    table = write_weights_elasticity(root, out, ['euler:3', 'rk4:2'], only=[f'{archs[0]}.fmnist'], **kw)
+    after = (out / 'elasticity.csv').read_text().splitlines()
+    assert [r.split(',')[:5] for r in after] == [r.split(',')[:5] for r in before]  # same rows, same order
+    assert [r.rsplit(',', 1)[1] for r in after[1:]] == [r.rsplit(',', 1)[1] for r in before[1:3]] + ['99.0', '99.0']
+    assert '| `ssog_ode_tiny_patch4_32.fmnist` |  | 99.00 | 99.00 |' in table
+    with pytest.raises(ValueError, match='--only dense_vit_tiny_patch4_32.fmnist: no such ODE weight'):
+        write_weights_elasticity(root, out, ['euler:3', 'rk4:2'], only=['dense_vit_tiny_patch4_32.fmnist'], **kw)
+    with pytest.raises(ValueError, match=r"not at \[\('euler', 3\)\]"):
+        write_weights_elasticity(root, out, ['euler:3'], only=[f'{archs[0]}.fmnist'], **kw)
+    with pytest.raises(ValueError, match='measured on 16 test images, not 8'):
+        write_weights_elasticity(root, out, ['euler:3', 'rk4:2'], only=[f'{archs[0]}.fmnist'], test_samples=8,
+                                 data_dir=str(fm.SAMPLE_DIR))

@@ -87,6 +87,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     el.add_argument('--data-dir', default=None, help="Fashion-MNIST IDX files (default: Debian's package)")
     el.add_argument('--solvers', nargs='+', default=None,
                     help='method:steps (default: euler at 3, 6, 12, 23 and 24 steps, rk4 at 3 and 6)')
+    el.add_argument('--only', nargs='+', default=None, metavar='REPO',
+                    help="measure only these weights (e.g. a re-exported one) and keep the others' rows from the "
+                         "last elasticity.csv in --out-dir, which must be at the same solvers and --test-samples")
 
     tr = sub.add_parser('trajectory', help="distance of each published guided student and its scratch twin to the "
                                            "teacher's block outputs at the guided card's target times")
@@ -144,7 +147,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     elif a.cmd == 'elasticity':
         from ..study.elasticity import ELASTICITY_SOLVERS, write_weights_elasticity
         print(write_weights_elasticity(Path(a.root), Path(a.out_dir), a.solvers or ELASTICITY_SOLVERS, a.test_samples,
-                                       a.data_dir), end='')
+                                       a.data_dir, a.only), end='')
     elif a.cmd == 'trajectory':
         from ..study.guidance import write_weights_trajectory
         print(write_weights_trajectory(Path(a.root), Path(a.out_dir), a.test_samples, a.data_dir), end='')

@@ -2,6 +2,7 @@
 against the number of field evaluations (NFE) per image; elasticity.csv, elasticity.png and elasticity.md. The
 models are the study's ODE runs (``write_elasticity``) or the published ODE weights (``write_weights_elasticity``)."""
 import csv
+import re
 from pathlib import Path
 from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
@@ -34,26 +35,67 @@ def write_elasticity(root: Path, solvers: Sequence[str], test_samples: int = 200
 
 
 def write_weights_elasticity(root: Path, out_dir: Path, solvers: Sequence[str], test_samples: int = 2000,
-                             data_dir: Optional[str] = None) -> str:
+                             data_dir: Optional[str] = None, only: Optional[Sequence[str]] = None) -> str:
     """Evaluate every published ODE weight under ``root`` (``<arch>.<tag>`` folders, loaded as timm loads them, with
     ``local-dir:``) under each ``solvers`` entry, on the first ``test_samples`` test images; writes under
-    ``out_dir`` and returns a Markdown table."""
+    ``out_dir`` and returns a Markdown table.
+
+    ``only``: measure just these folders (a weight that was re-exported) and keep every other weight's rows from
+    ``out_dir``'s last table, which must hold them at the same solvers and number of images (ValueError otherwise:
+    rerun without ``only``)."""
     import timm
     import timm_odevit  # noqa: F401  (registers the architectures config.json names)
     from ..models.families import family_of
     folders = [p for p in sorted(Path(root).iterdir())
                if p.is_dir() and family_of(p.name.partition('.')[0]).depth == 'ode']
+    names = [p.name for p in folders]
+    kept: List[Dict[str, object]] = []
+    if only:
+        unknown = sorted(set(only) - set(names))
+        if unknown:
+            raise ValueError(f'--only {" ".join(unknown)}: no such ODE weight under {root} (there are: '
+                             f'{", ".join(names) or "none"})')
+        kept = _kept_rows(Path(out_dir), [n for n in names if n not in only], solvers, test_samples)
+        folders = [p for p in folders if p.name in only]
 
     def models() -> Iterable[Tuple[str, str, nn.Module]]:
         for folder in folders:
             yield folder.name, '', timm.create_model(f'local-dir:{folder.resolve()}', pretrained=True)
     Path(out_dir).mkdir(parents=True, exist_ok=True)
     return _write(models(), solvers, test_samples, data_dir, Path(out_dir), 'published weights',
-                  f'No ODE weights under {root}: export one with python -m timm_odevit.hub export.')
+                  f'No ODE weights under {root}: export one with python -m timm_odevit.hub export.', kept, names)
+
+
+def _kept_rows(out: Path, keep: Sequence[str], solvers: Sequence[str], test_samples: int) -> List[Dict[str, object]]:
+    """The rows of ``keep`` from ``out``'s elasticity.csv, checked to be at ``solvers`` on ``test_samples`` images
+    (elasticity.md states the number)."""
+    rerun = 'rerun python -m timm_odevit.hub elasticity without --only'
+    table, md = out / 'elasticity.csv', out / 'elasticity.md'
+    if not keep:
+        return []
+    if not (table.is_file() and md.is_file()):
+        raise ValueError(f'{out} holds no earlier elasticity.csv and .md to keep the other weights\' rows from: '
+                         f'{rerun}')
+    found = re.search(r'on the first (\d+) Fashion-MNIST test images', md.read_text())
+    if found is None or int(found.group(1)) != test_samples:
+        raise ValueError(f'{md} was measured on {found.group(1) if found else "an unstated number of"} test images, '
+                         f'not {test_samples}: {rerun}')
+    with open(table, newline='') as f:
+        rows = [{**r, 'steps': int(r['steps']), 'nfe': int(r['nfe']), 'top1': float(r['top1'])}
+                for r in csv.DictReader(f) if r['model'] in keep]
+    want = [parse_solver(s) for s in solvers]
+    for name in keep:
+        have = [(r['method'], r['steps']) for r in rows if r['model'] == name]
+        if have != want:
+            raise ValueError(f'{table} has {name} at {have or "no solver"}, not at {want}: {rerun}')
+    return rows
 
 
 def _write(models: Iterable[Tuple[str, str, nn.Module]], solvers: Sequence[str], test_samples: int,
-           data_dir: Optional[str], out: Path, title: str, none_found: str) -> str:
+           data_dir: Optional[str], out: Path, title: str, none_found: str,
+           kept: Sequence[Dict[str, object]] = (), order: Optional[Sequence[str]] = None) -> str:
+    """Measure ``models`` at each solver, add the ``kept`` rows (in ``order`` of model, if given), write the csv,
+    figure and Markdown table under ``out``."""
     from .. import data as fm
     parsed = [parse_solver(s) for s in solvers]
     rows: List[Dict[str, object]] = []
@@ -69,6 +111,8 @@ def _write(models: Iterable[Tuple[str, str, nn.Module]], solvers: Sequence[str],
                          'nfe': round(r['nfe']), 'top1': round(r['top1'], 2)})
     if not rows:
         raise FileNotFoundError(none_found)
+    if kept:
+        rows = sorted([*kept, *rows], key=lambda r: list(order or []).index(r['model']))  # stable: solver order kept
     with open(out / 'elasticity.csv', 'w', newline='') as f:
         w = csv.DictWriter(f, fieldnames=list(rows[0]))
         w.writeheader()
