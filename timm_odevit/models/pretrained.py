@@ -36,9 +36,10 @@ def fmnist_input(img_size: Optional[int] = None) -> Dict[str, Any]:
     return dict(FMNIST_CFG, input_size=(chans, size, size))
 
 
-def fmnist_cfg(arch: str, tag: str = FMNIST_TAG, img_size: int = 32) -> Dict[str, Any]:
+def fmnist_cfg(arch: str, tag: str = FMNIST_TAG, img_size: Optional[int] = None) -> Dict[str, Any]:
     """depth_vit_cfg overrides for ``<arch>.<tag>``: where the weights live and what they expect (grey images at
-    ``img_size``; a 224-px architecture trained at a smaller size names that size in its tag)."""
+    ``img_size``, by default FMNIST_CFG's; a 224-px architecture trained at a smaller size names that size in its
+    tag)."""
     return dict(fmnist_input(img_size), hf_hub_id=hub_id(arch, tag))
 
 

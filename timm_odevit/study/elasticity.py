@@ -15,6 +15,8 @@ __all__ = ['ELASTICITY_SOLVERS', 'write_elasticity', 'write_weights_elasticity']
 
 # coarser and finer than the registered 12 Euler steps, ODE-ViT's 23-step training grid and its 24 points, and RK4
 ELASTICITY_SOLVERS = ('euler:3', 'euler:6', 'euler:12', 'euler:23', 'euler:24', 'rk4:3', 'rk4:6')
+# the table's last line, which --only reads back to know how many images the kept rows were measured on
+IMAGES_LINE = 'Top-1 (%) on the first {} Fashion-MNIST test images.'
 
 
 def write_elasticity(root: Path, solvers: Sequence[str], test_samples: int = 2000) -> str:
@@ -69,14 +71,14 @@ def write_weights_elasticity(root: Path, out_dir: Path, solvers: Sequence[str], 
 def _kept_rows(out: Path, keep: Sequence[str], solvers: Sequence[str], test_samples: int) -> List[Dict[str, object]]:
     """The rows of ``keep`` from ``out``'s elasticity.csv, checked to be at ``solvers`` on ``test_samples`` images
     (elasticity.md states the number)."""
-    rerun = 'rerun python -m timm_odevit.hub elasticity without --only'
-    table, md = out / 'elasticity.csv', out / 'elasticity.md'
     if not keep:
         return []
+    rerun = 'rerun python -m timm_odevit.hub elasticity without --only'
+    table, md = out / 'elasticity.csv', out / 'elasticity.md'
     if not (table.is_file() and md.is_file()):
         raise ValueError(f'{out} holds no earlier elasticity.csv and .md to keep the other weights\' rows from: '
                          f'{rerun}')
-    found = re.search(r'on the first (\d+) Fashion-MNIST test images', md.read_text())
+    found = re.search(re.escape(IMAGES_LINE).replace(r'\{\}', r'(\d+)'), md.read_text())
     if found is None or int(found.group(1)) != test_samples:
         raise ValueError(f'{md} was measured on {found.group(1) if found else "an unstated number of"} test images, '
                          f'not {test_samples}: {rerun}')
@@ -93,8 +95,8 @@ def _kept_rows(out: Path, keep: Sequence[str], solvers: Sequence[str], test_samp
 
 def _write(models: Iterable[Tuple[str, str, nn.Module]], solvers: Sequence[str], test_samples: int,
            data_dir: Optional[str], out: Path, title: str, none_found: str,
-           kept: Sequence[Dict[str, object]] = (), order: Optional[Sequence[str]] = None) -> str:
-    """Measure ``models`` at each solver, add the ``kept`` rows (in ``order`` of model, if given), write the csv,
+           kept: Sequence[Dict[str, object]] = (), order: Sequence[str] = ()) -> str:
+    """Measure ``models`` at each solver, add the ``kept`` rows (models in ``order``), write the csv,
     figure and Markdown table under ``out``."""
     from .. import data as fm
     parsed = [parse_solver(s) for s in solvers]
@@ -112,7 +114,8 @@ def _write(models: Iterable[Tuple[str, str, nn.Module]], solvers: Sequence[str],
     if not rows:
         raise FileNotFoundError(none_found)
     if kept:
-        rows = sorted([*kept, *rows], key=lambda r: list(order or []).index(r['model']))  # stable: solver order kept
+        position = {name: i for i, name in enumerate(order)}
+        rows = sorted([*kept, *rows], key=lambda r: position[r['model']])  # stable: each model's solver order kept
     with open(out / 'elasticity.csv', 'w', newline='') as f:
         w = csv.DictWriter(f, fieldnames=list(rows[0]))
         w.writeheader()
@@ -125,7 +128,7 @@ def _write(models: Iterable[Tuple[str, str, nn.Module]], solvers: Sequence[str],
     for model, seed in dict.fromkeys((r['model'], r['seed']) for r in rows):
         vals = {(r['method'], r['steps']): r['top1'] for r in rows if (r['model'], r['seed']) == (model, seed)}
         lines.append(f'| `{model}` | {seed} | ' + ' | '.join(f'{vals[ms]:.2f}' for ms in parsed) + ' |')
-    table = '\n'.join(lines) + f'\n\nTop-1 (%) on the first {n} Fashion-MNIST test images.\n'
+    table = '\n'.join(lines) + '\n\n' + IMAGES_LINE.format(n) + '\n'
     (out / 'elasticity.md').write_text(table)
     return table
 
