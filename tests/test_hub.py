@@ -556,6 +556,87 @@ def test_export_replaces_files_whole(tmp_path):
     assert sorted(p.name for p in root.iterdir()) == ['MANIFEST.json', repo.name]  # no staging folder left
 
 
+def _run_checkpoint(run: Path, argv: List[str], record: Optional[Dict] = None) -> Path:
+    """A last.pth.tar of the training command as its CheckpointSaver writes it (random weights, the parsed options),
+    with the run's results.json record beside it."""
+    from timm_odevit.train import parse_args
+    args = parse_args(argv)
+    run.mkdir(parents=True)
+    model = timm.create_model(args.model, num_classes=10, in_chans=1)
+    torch.save({'arch': args.model, 'state_dict': model.state_dict(), 'args': args}, run / 'last.pth.tar')
+    (run / 'results.json').write_text(json.dumps(record or {}))
+    return run / 'last.pth.tar'
+
+
+def test_export_of_a_next_stage_states_every_stage(tmp_path):
+    """A run started from published weights (--initial-checkpoint) exports a card with each stage's recipe and command
+    and the earlier weights named by hash; the budget adds the stages up and the matched table pairs twins whose
+    stages are the same commands. Earlier weights missing or changed since the run started are refused; a checkpoint
+    of the training command brings its own stages; weights of unknown provenance are said to be so."""
+    from timm_odevit.hub.__main__ import main as hub_main
+    from timm_odevit.hub.card import card_stages, model_card
+    from timm_odevit.hub.export import run_stages
+    from timm_odevit.hub.table import matched_table, training_budget
+    from timm_odevit.models.pretrained import fmnist_input
+    from timm_odevit.train import checkpoint_args, read_checkpoint
+    root = tmp_path / 'weights'
+
+    def export(ckpt: Path, tag: str = 'fmnist') -> int:
+        return hub_main(['export', str(ckpt), '--tag', tag, '--root', str(root), '--no-full'])
+
+    for arch in ('looped_ssog_tiny_patch4_32', 'looped_vit_tiny_patch4_32'):
+        first = _run_checkpoint(tmp_path / arch / '1', ['--model', arch, '--epochs', '2', '--seed', '0'])
+        assert export(first) == 0
+        published = root / f'{arch}.fmnist' / 'model.safetensors'
+        sha = hashlib.sha256(published.read_bytes()).hexdigest()
+        second = _run_checkpoint(tmp_path / arch / '2', ['--model', arch, '--epochs', '3', '--lr', '5e-4', '--seed',
+                                                         '0', '--initial-checkpoint', str(published)],
+                                 {'initial_checkpoint_sha256': sha})
+        assert export(second) == 0
+        card = (root / f'{arch}.fmnist' / 'README.md').read_text()
+        one, two = card_stages(card)
+        assert one['schedule'].startswith('2 epochs, batch 64, adamw lr 0.001 ')
+        assert two['schedule'].startswith('3 epochs, batch 64, adamw lr 0.0005 ')
+        assert f'--initial-checkpoint {published}' in two['command'] and '--initial-checkpoint' not in one['command']
+        assert two['initialised from'] == (f'`{published}` (sha256 {sha}), the published `{arch}.fmnist` weights, '
+                                           'which this export replaces (git history keeps them)')
+        assert 'trained from scratch in 2 stages' in card
+        assert training_budget(root / f'{arch}.fmnist') == '300k (5 epochs of 60,000)'
+        with open(root / f'{arch}.fmnist' / 'README.md', 'a') as f:  # the table compares full-test top-1 (--no-full)
+            f.write('Fashion-MNIST test set (10,000 images): top-1 50.00%\n')
+    rows = matched_table(root).splitlines()[2:]
+    assert len(rows) == 1 and rows[0].startswith('| looped | `looped_ssog_tiny_patch4_32.fmnist` |'), rows
+
+    # the path now holds the second stage's weights, not those the run started from
+    with pytest.raises(ValueError, match=f'{published} changed after the run started from it'):
+        export(second, 'again')
+    gone = tmp_path / 'gone.safetensors'
+    shutil.copy(published, gone)
+    ckpt = _run_checkpoint(tmp_path / 'gone', ['--model', arch, '--initial-checkpoint', str(gone)])
+    gone.unlink()
+    with pytest.raises(FileNotFoundError, match='the run started from these weights'):
+        export(ckpt, 'again')
+    assert not (root / f'{arch}.again').exists()
+
+    # from a checkpoint of the training command: its stages (here one) come first
+    cfg = fmnist_input()
+    args = checkpoint_args(read_checkpoint(str(_run_checkpoint(tmp_path / 'from_run', [
+        '--model', arch, '--epochs', '4', '--initial-checkpoint', str(first)]))))
+    one, two = run_stages(args, {}, cfg, root / f'{arch}.from_run')
+    assert one['schedule'].startswith('2 epochs') and two['schedule'].startswith('4 epochs')
+    assert two['initialised from'].endswith(', the last checkpoint of stage 1')
+
+    # from weights nobody recorded a recipe for: one stage, said to start from other weights
+    foreign = tmp_path / 'foreign.safetensors'
+    shutil.copy(published, foreign)
+    args['initial_checkpoint'] = str(foreign)
+    (only,) = run_stages(args, {}, cfg, root / f'{arch}.foreign')
+    assert 'weights of unknown provenance' in only['initialised from']
+    model = timm.create_model(arch, pretrained_cfg_overlay=cfg, num_classes=10, in_chans=1)
+    description = model_card(arch, 'foreign', model, {}, only)['description']
+    assert description.startswith(f'`{arch}` trained from other weights')
+
+
 def test_training_budget_from_cards(tmp_path):
     """The weights table's budget column adds up each stage of a card's recipe, and refuses a card without one."""
     from timm_odevit.hub.table import training_budget

@@ -1,5 +1,6 @@
 """The training command (python -m timm_odevit.train), its checkpoint loader and the evaluation loop."""
 import csv
+import hashlib
 import json
 
 import pytest
@@ -99,6 +100,10 @@ def test_torchcompile_checkpoint_has_plain_keys_and_starts_a_next_stage(tmp_path
                        '--min-lr', '0'))
     ckpt = read_checkpoint(str(tmp_path / 'stage2' / 'run' / 'last.pth.tar'))
     assert ckpt['epoch'] == 0 and stage2['history'][0]['epoch'] == 0
+    # the record names the weights it started from by hash (an export checks them); a first stage names none
+    with open(last, 'rb') as f:
+        assert stage2['initial_checkpoint_sha256'] == hashlib.sha256(f.read()).hexdigest()
+    assert 'initial_checkpoint_sha256' not in result
     assert all(torch.equal(ckpt['state_dict'][k], v) for k, v in sd.items())  # lr 0: the weights are the first's
 
 

@@ -1,5 +1,6 @@
 """Model cards: the one renderer of a weight's card (what, data, training recipe with the command that reruns it,
 measured top-1 with the command that measures it, size, usage), in the form timm's ``generate_readme`` takes."""
+import re
 from typing import Any, Dict, List, Optional
 
 import torch
@@ -9,9 +10,12 @@ from . import hub_id
 from ..data import AUGMENT_SHIFT, FASHION_MNIST_TRAIN_IMAGES
 from ..train import format_command
 
-__all__ = ['DATASET', 'guidance_line', 'training_lines', 'evaluate_command', 'model_card']
+__all__ = ['DATASET', 'RECIPE', 'card_stages', 'evaluate_command', 'guidance_line', 'model_card', 'staged_lines',
+           'training_lines']
 
 DATASET = 'Fashion-MNIST'
+RECIPE = 'Training recipe'  # the card's heading of the recipe lines
+_STAGE_KEY = re.compile(r'stage (\d+) of \d+, (.+)')
 
 
 def evaluate_command(folder: str, data: str, solver: Optional[str] = None) -> str:
@@ -99,6 +103,31 @@ def training_lines(args: Dict[str, Any], cfg: Dict[str, Any], threads: Optional[
     return lines
 
 
+def staged_lines(stages: List[Dict[str, str]]) -> Dict[str, str]:
+    """The card lines of several runs in training order, each continuing from the weights of the one before, as
+    one recipe whose keys name the stage ('stage 2 of 2, schedule'); a one-stage recipe keeps its keys."""
+    if len(stages) == 1:
+        return dict(stages[0])
+    return {f'stage {i} of {len(stages)}, {k}': v for i, stage in enumerate(stages, 1) for k, v in stage.items()}
+
+
+def card_stages(card: str) -> List[Dict[str, str]]:
+    """A card's recipe as its stages' lines in training order (the inverse of ``staged_lines`` on a card that
+    ``model_card`` rendered): one stage for a one-run recipe, none for a card without a recipe."""
+    stages: Dict[int, Dict[str, str]] = {}
+    inside = False
+    for line in card.splitlines():
+        if line == f'- **{RECIPE}:**':
+            inside = True
+        elif inside and line.startswith('  - '):
+            key, _, value = line[4:].partition(': ')
+            m = _STAGE_KEY.fullmatch(key)
+            stages.setdefault(int(m.group(1)) if m else 1, {})[m.group(2) if m else key] = value
+        elif inside:
+            break
+    return [stages[i] for i in sorted(stages)]
+
+
 def model_card(
         arch: str,
         tag: str,
@@ -110,7 +139,8 @@ def model_card(
 ) -> Dict[str, Any]:
     """The card as timm's generate_readme takes it (what, data, recipe, top-1 with its command, size, usage).
 
-    ``recipe``: the training run's lines (``training_lines``), or None for weights of unknown provenance;
+    ``recipe``: the training run's lines (``training_lines``, or ``staged_lines`` for a run that continued from
+    earlier weights), or None for weights of unknown provenance;
     ``dtype``: the precision the weights file stores (float32 unless the export said otherwise).
     """
     from ..benchmark.runner import count_gmacs
@@ -130,7 +160,7 @@ def model_card(
         details['Stored precision'] = (f'{str(dtype).replace("torch.", "")} (timm loads it into a float32 model; the '
                                        'top-1 figures below are those of the stored weights)')
     if recipe:
-        details['Training recipe'] = dict(recipe)
+        details[RECIPE] = dict(recipe)
     results = {}
     for name, m in metrics.items():
         results[name] = (f'top-1 {m["top1"]:.2f}% ({m["correct"]}/{m["n"]}), reproduce with '
@@ -144,12 +174,18 @@ def model_card(
         f"# grey PIL image in, {size[0]}x{size[1]}x{size[2]} out\n"
         "# timm's validate.py: python -m timm_odevit.run validate.py --dataset torch/fashion_mnist \\\n"
         f"#   --data-dir DATA --split test --model {arch}.{tag} --pretrained --in-chans 1\n```\n")
+    keys = list(recipe or {})
+    guided = any(k.endswith('teacher guidance') for k in keys)
+    stages = len({m.group(1) for m in map(_STAGE_KEY.fullmatch, keys) if m})
+    if any(k == 'initialised from' or (k.startswith('stage 1 of ') and k.endswith(', initialised from')) for k in keys):
+        start = 'from other weights'  # its first stage started from weights whose recipe is not known
+    else:
+        start = 'from scratch' + (f' in {stages} stages, each from the weights of the one before' if stages else '')
     return {
         'tags': ['image-classification', 'timm', 'timm_odevit'],
         'license': 'apache-2.0',
         'description': description or (
-            f'`{arch}` trained ' + ('guided by a teacher (trajectory distillation)' if recipe and 'teacher guidance'
-                                    in recipe else 'from scratch')
+            f'`{arch}` trained ' + ('guided by a teacher (trajectory distillation)' if guided else start)
             + f' on {DATASET} (28x28 grey clothing images, 10 classes, resized to {size[-1]} px) on a CPU; the '
             'training recipe and the measured top-1 are below.'),
         'details': details,

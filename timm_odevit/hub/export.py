@@ -7,10 +7,11 @@ sha256 and size, and the repo is verified (config, architecture, weight shapes) 
 import copy
 import json
 import os
+import pickle
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 from safetensors import SafetensorError, safe_open
@@ -25,10 +26,11 @@ from .. import data as fm
 from ..evaluate import evaluate_solved
 from ..models.pretrained import fmnist_input
 from ..train import PROG, checkpoint_args, model_from_checkpoint, read_checkpoint
-from .card import evaluate_command, model_card, training_lines
+from .card import card_stages, evaluate_command, model_card, staged_lines, training_lines
 from .verify import EXPORT_FIX, RepoError, sha256_file, verify_repo, write_manifest
 
-__all__ = ['TEST_SETS', 'STORAGE_DTYPES', 'measure', 'stored_dtype', 'export_checkpoint', 'export', 'push']
+__all__ = ['TEST_SETS', 'STORAGE_DTYPES', 'measure', 'stored_dtype', 'run_stages', 'export_checkpoint', 'export',
+           'push']
 
 # where the card's two top-1 figures are measured: (card name, IDX folder, --data of `hub evaluate`)
 TEST_SETS = (('Fashion-MNIST sample (1,000 test images, bundled)', fm.SAMPLE_DIR, 'sample'),
@@ -71,6 +73,54 @@ def stored_dtype(path: Path) -> torch.dtype:
     return found.pop() if found else torch.float32
 
 
+def run_stages(args: Dict[str, Any], record: Dict[str, Any], cfg: Dict[str, Any], repo: Path,
+               threads: Optional[int] = None, ema_published: bool = True) -> List[Dict[str, str]]:
+    """The card lines of a run of the training command (its options and its ``results.json`` record), preceded by
+    those of every stage before it when it started from earlier weights (``--initial-checkpoint``); ``repo``: the
+    folder the export writes."""
+    lines = training_lines(args, cfg, threads, record.get('history'), record.get('guidance'), ema_published)
+    if not args.get('initial_checkpoint'):
+        return [lines]
+    before, source = _stages_before(args['initial_checkpoint'], record.get('initial_checkpoint_sha256'), cfg, repo)
+    return before + [{'initialised from': source, **lines}]
+
+
+def _stages_before(path: str, recorded_sha256: Optional[str], cfg: Dict[str, Any],
+                   repo: Path) -> Tuple[List[Dict[str, str]], str]:
+    """The stages that made the weights a run started from, and the card line naming those weights by hash: a
+    published folder's card, or a checkpoint of the training command with its own stages; none for weights whose
+    recipe is not known."""
+    src = Path(path)
+    if not src.is_file():
+        raise FileNotFoundError(f'{path}: the run started from these weights (--initial-checkpoint) and they are not '
+                                'here: export from the folder the run started in, with them in place, so that the '
+                                'card can state the stage that made them.')
+    digest = sha256_file(src)
+    if recorded_sha256 and digest != recorded_sha256:
+        raise ValueError(f'{path} changed after the run started from it (sha256 {recorded_sha256} then, {digest} '
+                         'now): put back the weights it started from (git history keeps published ones) and export '
+                         'again.')
+    source = f'`{path}` (sha256 {digest})'
+    if src.name == WEIGHTS_FILE and (src.parent / CARD_FILE).is_file():
+        stages = card_stages((src.parent / CARD_FILE).read_text(encoding='utf-8'))
+        source += f', the published `{src.parent.name}` weights' + (
+            ', which this export replaces (git history keeps them)' if src.parent.resolve() == repo.resolve() else '')
+    else:
+        try:
+            args = checkpoint_args(read_checkpoint(str(src)))
+        except pickle.UnpicklingError:  # safetensors, or a pickle of more than tensors: no command recorded
+            args = {}
+        stages = []
+        if args.get('trainer') == PROG:
+            results = src.parent / 'results.json'
+            stages = run_stages(args, json.loads(results.read_text()) if results.is_file() else {}, cfg, repo)
+            source += f', the last checkpoint of stage {len(stages)}'
+    if not stages:
+        source += ('; weights of unknown provenance: their recipe is not stated here and the images seen count '
+                   'only the stages below')
+    return stages, source
+
+
 def export_checkpoint(
         checkpoint: str,
         tag: str,
@@ -98,13 +148,14 @@ def export_checkpoint(
         model.load_state_dict({k: v.to(dtype).to(v.dtype) if v.is_floating_point() else v
                                for k, v in model.state_dict().items()})
     arch = arch or args.get('model') or ckpt['arch']
-    metrics = measure(model, f'{root}/{arch}.{tag}', full_test, (args.get('model_kwargs') or {}).get('ode_steps'))
     recipe = None
     if args.get('trainer') == PROG:
-        # the run's record beside its checkpoint gives the card its wall time and a guided run's resolved guidance
+        # the run's record beside its checkpoint gives the card its wall time and a guided run's resolved guidance;
+        # read before measuring, so that missing or changed earlier weights fail at once
         results = Path(checkpoint).parent / 'results.json'
         record = json.loads(results.read_text()) if results.is_file() else {}
-        recipe = training_lines(args, cfg, threads, record.get('history'), record.get('guidance'), use_ema)
+        recipe = staged_lines(run_stages(args, record, cfg, Path(root) / f'{arch}.{tag}', threads, use_ema))
+    metrics = measure(model, f'{root}/{arch}.{tag}', full_test, (args.get('model_kwargs') or {}).get('ode_steps'))
     repo = export(model, arch, tag, root, model_card(arch, tag, model, metrics, recipe, description, dtype), dtype)
     return {'repo': str(repo), **{k: v['top1'] for k, v in metrics.items()}}
 

@@ -5,14 +5,14 @@ import json
 import math
 import re
 from pathlib import Path
-from typing import Any, Dict, Iterator, List, Optional, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 from ..models.families import SETTINGS, Family, family_of
 from ..train import PROG, format_command, read_summary, recorded_args
 from . import CARD_FILE
 
-__all__ = ['card_command', 'card_facts', 'guided_table', 'learning_curves', 'matched_table', 'steered_table',
-           'training_budget', 'weights_table']
+__all__ = ['card_command', 'card_commands', 'card_facts', 'guided_table', 'learning_curves', 'matched_table',
+           'steered_table', 'training_budget', 'weights_table']
 
 _FIELDS = {
     'params': r'\*\*Params \(M\):\*\* ([\d.]+)',
@@ -72,15 +72,21 @@ def weights_table(root: Path) -> str:
     return '\n'.join(lines) + '\n'
 
 
+def card_commands(repo_dir: Path) -> List[str]:
+    """The commands that trained a weight, one per stage in training order, as its card states them."""
+    return re.findall(r'command: `([^`]+)`', (Path(repo_dir) / CARD_FILE).read_text(encoding='utf-8'))
+
+
 def card_command(repo_dir: Path) -> Optional[str]:
     """The command that trained a one-stage weight, as its card states it (None for a multi-stage card)."""
-    card = (Path(repo_dir) / CARD_FILE).read_text(encoding='utf-8')
-    commands = re.findall(r'command: `([^`]+)`', card)
+    commands = card_commands(repo_dir)
     return commands[0] if len(commands) == 1 else None
 
 
-def _same_recipe(a: Optional[str], b: Optional[str], arch_a: str, arch_b: str) -> bool:
-    return a is not None and b is not None and a.replace(arch_a, '@') == b.replace(arch_b, '@')
+def _same_recipe(a: Sequence[str], b: Sequence[str], arch_a: str, arch_b: str) -> bool:
+    """Whether two weights' commands (one per stage) are the same, each weight's own model name aside (it also names
+    the weights a next stage starts from)."""
+    return bool(a) and len(a) == len(b) and all(x.replace(arch_a, '@') == y.replace(arch_b, '@') for x, y in zip(a, b))
 
 
 def _published(root: Path) -> Iterator[Tuple[Path, Family]]:
@@ -90,12 +96,12 @@ def _published(root: Path) -> Iterator[Tuple[Path, Family]]:
 
 
 def _twin_trained_alike(repo: Path, family: Family) -> Optional[Path]:
-    """The dense twin's folder at the size and tag of ``repo`` when it is published and one command (the model name
-    aside) trained it and ``repo``; None otherwise."""
+    """The dense twin's folder at the size and tag of ``repo`` when it is published and the same commands (the model
+    name aside, one per stage) trained it and ``repo``; None otherwise."""
     arch, _, tag = repo.name.partition('.')
     size = arch[len(family.name):]
     twin = repo.parent / f'{family.twin}{size}.{tag}'
-    if twin.is_dir() and _same_recipe(card_command(repo), card_command(twin), arch, family.twin + size):
+    if twin.is_dir() and _same_recipe(card_commands(repo), card_commands(twin), arch, family.twin + size):
         return twin
     return None
 
@@ -152,8 +158,11 @@ def _compared_cells(a: Path, b: Path) -> Tuple[str, str, str]:
 
 
 def _training_minutes(repo: Path) -> str:
-    m = re.search(r'([\d.]+) min of training steps', (Path(repo) / CARD_FILE).read_text(encoding='utf-8'))
-    return m.group(1) if m else '?'
+    """Minutes of training steps over every stage of a card's recipe ('?' unless each stage states its own)."""
+    card = (Path(repo) / CARD_FILE).read_text(encoding='utf-8')
+    minutes = [float(m) for m in re.findall(r'([\d.]+) min of training steps', card)]
+    stages = len(re.findall(r'schedule: \d+ epochs', card))
+    return f'{sum(minutes):.1f}' if minutes and len(minutes) == stages else '?'
 
 
 def guided_pairs(root: Path) -> Iterator[Tuple[str, str, Path, Path]]:
@@ -241,7 +250,7 @@ def steered_table(logs: Path, root: Path) -> str:
         names = [f'{family.twin}{size}.{tag}', f'{SETTINGS[family.depth][0]}{size}.{tag}', run.name]
         runs = [_finished_run(logs, n) for n in names]
         if any(r is None for r in runs) or not all(
-                _same_recipe(runs[2][0], r[0], arch, n.partition('.')[0]) for r, n in zip(runs[:2], names[:2])):
+                _same_recipe([runs[2][0]], [r[0]], arch, n.partition('.')[0]) for r, n in zip(runs[:2], names[:2])):
             continue
         top1 = [r[1]['ema_top1'] if r[1].get('ema_top1') is not None else r[1]['top1'] for r in runs]
         cells = [f'`{n}` {t:.2f}% ({_params_m(r[0]):.3f}M)' for n, t, r in zip(names, top1, runs)]

@@ -25,6 +25,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import torch
 import torch.distributed as dist
 import timm
+from huggingface_hub.utils.sha import sha_fileobj
 from timm.data import create_loader, resolve_data_config
 from timm.loss import LabelSmoothingCrossEntropy
 from timm.models import load_checkpoint
@@ -375,6 +376,11 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
     # one seed for model creation on every rank: the teacher (never synchronised by DDP) must be the same everywhere
     random_seed(args.seed, 0)
     task = build_task(args, device).to(device)
+    initial_sha256 = None
+    if args.initial_checkpoint:
+        # an export names the weights a next stage started from by this hash: their path may hold others by then
+        with open(args.initial_checkpoint, 'rb') as f:
+            initial_sha256 = sha_fileobj(f).hex()
     model = unwrap_model(task.get_eval_model())
     # inputs are normalised as the trained model's cfg says; a distillation task re-normalises them for the teacher
     # (DistillationTeacher.normalize_input), so a teacher trained here by this command sees what it was trained on
@@ -500,6 +506,8 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
         dist.all_gather_object(digests, digest)
     results = {'model': args.model, 'teacher': args.teacher, 'epochs': num_epochs, 'world_size': world,
                'output_dir': output_dir, 'rank_state_sha256': digests, **final, 'history': history}
+    if initial_sha256:
+        results['initial_checkpoint_sha256'] = initial_sha256
     if isinstance(task, TrajectoryDistillationTask):
         # the guidance as trained (defaults resolved, times calibrated): the card states it from here
         results['guidance'] = task.guidance_summary()
