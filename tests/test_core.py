@@ -153,7 +153,8 @@ def test_inapplicable_options_raise_type_error(name, kwargs):
 def test_applicable_options_accepted():
     assert timm.create_model('ssog_ode_tiny', device='meta', num_gaussians=2, ode_method='rk4').trunk.method == 'rk4'
     assert timm.create_model('odevit_tiny', device='meta', attn_drop_rate=0.1).trunk.block.mixer.attn_drop == 0.1
-    mixer = timm.create_model('looped_ssog_tiny', device='meta', ssog_mixing='einsum', ssog_steer=True).trunk.block.mixer
+    model = timm.create_model('looped_ssog_tiny', device='meta', ssog_mixing='einsum', ssog_steer=True)
+    mixer = model.trunk.block.mixer
     assert mixer.mixing == 'einsum' and mixer.steer
 
 

@@ -327,6 +327,22 @@ def test_resume_continues_from_saved_epoch(image_folder, tmp_path):
     assert first['epochs'] == 1 and second['epochs'] == 2
 
 
+def test_run_records_its_teachers_weights_by_hash_and_the_card_names_it(image_folder, tmp_path):
+    """A guided run's record keeps the sha256 of its --teacher-checkpoint, and the card's teacher line names it: the
+    path may hold other weights by the time anyone re-measures the student against its teacher."""
+    import hashlib
+    from timm_odevit.hub.card import guidance_line
+    teacher = tmp_path / 'teacher.pth'
+    model = timm.create_model('vit_tiny_patch16_224', img_size=32, patch_size=4, depth=3, num_classes=3)
+    torch.save(model.state_dict(), teacher)
+    results = train_main(command(image_folder, str(tmp_path), '--epochs', '1', '--max-steps-per-epoch', '1',
+                                 '--teacher-checkpoint', str(teacher)))
+    sha = hashlib.sha256(teacher.read_bytes()).hexdigest()
+    assert results['teacher_checkpoint_sha256'] == sha == results['guidance']['teacher_checkpoint_sha256']
+    line = guidance_line({'teacher': 'vit_tiny_patch16_224', 'teacher_checkpoint': str(teacher)}, results['guidance'])
+    assert line.startswith(f'teacher `vit_tiny_patch16_224` (weights `{teacher}`, sha256 {sha}); ')
+
+
 def test_compile_wraps_the_student_and_keeps_eval_and_checkpoint_plain(batch):
     """--torchcompile with a teacher: the trainable student is compiled, validation and checkpoints see the plain
     student (no '_orig_mod.' keys)."""

@@ -748,6 +748,13 @@ def test_trajectory_of_the_published_students(tmp_path, monkeypatch):
     names = ('odevit_tiny_patch4_32.fmnist', 'odevit_tiny_patch4_32.fmnist_distilled')
     for name in names:
         shutil.copytree(REPO_ROOT / 'weights' / name, tmp_path / 'weights' / name)
+    # a card names its teacher's weights by hash where the run recorded one: the published teacher passes
+    card = tmp_path / 'weights' / names[1] / 'README.md'
+    teacher = 'weights/ssog_vit_tiny_patch4_32.fmnist/model.safetensors'
+    sha = hashlib.sha256((REPO_ROOT / teacher).read_bytes()).hexdigest()
+    text = card.read_text()
+    assert f'(weights `{teacher}`)' in text
+    card.write_text(text.replace(f'(weights `{teacher}`)', f'(weights `{teacher}`, sha256 {sha})'))
     table = write_weights_trajectory(tmp_path / 'weights', tmp_path / 'out', test_samples=8,
                                      data_dir=str(fm.SAMPLE_DIR))
     times = card_target_times(tmp_path / 'weights' / names[1])
@@ -757,8 +764,10 @@ def test_trajectory_of_the_published_students(tmp_path, monkeypatch):
     gaps = {arm: [float(r.split(',')[-1]) for r in rows[1:] if f',{arm},' in r] for arm in ('scratch', 'guided')}
     assert max(gaps['guided']) < 0.3 < min(gaps['scratch']), gaps
     assert f'`{names[1]}`' in table and 'first 8 Fashion-MNIST' in table
-    card = tmp_path / 'weights' / names[1] / 'README.md'
-    card.write_text(re.sub(r'at student times [\d., ]+ \(rule', '(rule', card.read_text()))
+    card.write_text(card.read_text().replace(sha, '0' * 64))  # the path holds other weights than guided it
+    with pytest.raises(ValueError, match=f'{teacher} with sha256 0{{64}}, and that path now holds other weights'):
+        write_weights_trajectory(tmp_path / 'weights', tmp_path / 'out', test_samples=8, data_dir=str(fm.SAMPLE_DIR))
+    card.write_text(re.sub(r'at student times [\d., ]+ \(rule', '(rule', card.read_text().replace('0' * 64, sha)))
     with pytest.raises(ValueError, match='states no student times'):
         write_weights_trajectory(tmp_path / 'weights', tmp_path / 'out', test_samples=8, data_dir=str(fm.SAMPLE_DIR))
     shutil.rmtree(tmp_path / 'weights' / names[0])

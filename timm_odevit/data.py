@@ -28,8 +28,8 @@ __all__ = [
     'DEBIAN_FASHION_MNIST', 'FASHION_MNIST_CLASSES', 'FASHION_MNIST_MEAN', 'FASHION_MNIST_STD',
     'FASHION_MNIST_TRAIN_IMAGES', 'IDX_FILES',
     'SAMPLE_DIR', 'GreyToChannels', 'fashion_mnist_dataset', 'fashion_mnist_transform', 'layout_fashion_mnist',
-    'load_tensors', 'make_sample', 'find_source', 'split_size', 'cache_folder', 'prepare_fashion_mnist', 'augment_batch',
-    'ImageSubset', 'build_dataset',
+    'load_tensors', 'make_sample', 'find_source', 'split_size', 'cache_folder', 'prepare_fashion_mnist',
+    'augment_batch', 'ImageSubset', 'build_dataset',
 ]
 
 _logger = logging.getLogger(__name__)

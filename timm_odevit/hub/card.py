@@ -29,7 +29,8 @@ def guidance_line(args: Dict[str, Any], guidance: Optional[Dict[str, Any]] = Non
     ``guidance_summary``, defaults resolved); without it, the options as given."""
     teacher = f'teacher `{args["teacher"]}`'
     if args.get('teacher_checkpoint'):
-        teacher += f' (weights `{args["teacher_checkpoint"]}`)'
+        sha = (guidance or {}).get('teacher_checkpoint_sha256')
+        teacher += f' (weights `{args["teacher_checkpoint"]}`' + (f', sha256 {sha})' if sha else ')')
     if args.get('teacher_kwargs'):
         teacher += ', kwargs ' + ' '.join(f'{k}={v}' for k, v in dict(args['teacher_kwargs']).items())
     if not guidance:

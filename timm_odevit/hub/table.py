@@ -11,8 +11,8 @@ from ..models.families import SETTINGS, Family, family_of
 from ..train import PROG, format_command, read_summary, recorded_args
 from . import CARD_FILE
 
-__all__ = ['card_command', 'card_commands', 'card_facts', 'guided_table', 'learning_curves', 'matched_table',
-           'steered_table', 'training_budget', 'weights_table']
+__all__ = ['card_command', 'card_commands', 'card_facts', 'card_teacher_sha256', 'guided_table', 'learning_curves',
+           'matched_table', 'steered_table', 'training_budget', 'weights_table']
 
 _FIELDS = {
     'params': r'\*\*Params \(M\):\*\* ([\d.]+)',
@@ -189,6 +189,14 @@ def card_target_times(repo_dir: Path) -> List[float]:
         raise ValueError(f'{repo_dir / CARD_FILE} states no student times of its targets: is it a guided weight, '
                          'exported by python -m timm_odevit.hub export?')
     return [float(t) for t in m.group(1).split(',')]
+
+
+def card_teacher_sha256(repo_dir: Path) -> Optional[str]:
+    """The sha256 of the teacher weights that guided a weight, as its card states it (None where the card names no
+    hash: cards exported before runs recorded one)."""
+    card = (Path(repo_dir) / CARD_FILE).read_text(encoding='utf-8')
+    m = re.search(r'\(weights `[^`]+`, sha256 ([0-9a-f]{64})\)', card)
+    return m.group(1) if m else None
 
 
 def guided_table(root: Path) -> str:

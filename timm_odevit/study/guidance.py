@@ -368,7 +368,8 @@ def write_weights_trajectory(root: Path, out_dir: Path, test_samples: int = 256,
     Read from the published files alone (the card's command and times, the teacher checkpoint it names), so anyone
     with the weights reruns it; checkpoints are not needed."""
     from safetensors.torch import load_file
-    from ..hub.table import card_command, card_target_times, guided_pairs
+    from ..hub.table import card_command, card_target_times, card_teacher_sha256, guided_pairs
+    from ..hub.verify import sha256_file
     from ..train import recorded_args
     from ..train.command import build_task
     rows: List[Dict[str, Any]] = []
@@ -377,6 +378,11 @@ def write_weights_trajectory(root: Path, out_dir: Path, test_samples: int = 256,
         if args.teacher_checkpoint and not Path(args.teacher_checkpoint).is_file():
             raise FileNotFoundError(f'{guided.name} was guided by {args.teacher_checkpoint}, which is not here: run '
                                     'from the repository root, where its card names the teacher\'s weights.')
+        sha = card_teacher_sha256(guided)
+        if args.teacher_checkpoint and sha and sha256_file(Path(args.teacher_checkpoint)) != sha:
+            raise ValueError(f'{guided.name} was guided by {args.teacher_checkpoint} with sha256 {sha}, and that path '
+                             'now holds other weights: put the teacher back (git history keeps published weights) '
+                             'to measure the trajectory against the teacher that guided it.')
         args.times = ','.join(str(t) for t in card_target_times(guided))
         args.no_init_from_teacher = True  # the published weights replace the student's parameters anyway
         task = build_task(args, torch.device('cpu'))

@@ -376,11 +376,13 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
     # one seed for model creation on every rank: the teacher (never synchronised by DDP) must be the same everywhere
     random_seed(args.seed, 0)
     task = build_task(args, device).to(device)
-    initial_sha256 = None
-    if args.initial_checkpoint:
-        # an export names the weights a next stage started from by this hash: their path may hold others by then
-        with open(args.initial_checkpoint, 'rb') as f:
-            initial_sha256 = sha_fileobj(f).hex()
+    # the weights a run starts from or is guided by, by hash: a card names them so, as their path may hold others
+    # by the time it is exported or its trajectory re-measured (a weight continued in place, a re-trained teacher)
+    loaded_sha256 = {}
+    for name in ('initial_checkpoint', 'teacher_checkpoint'):
+        if getattr(args, name):
+            with open(getattr(args, name), 'rb') as f:
+                loaded_sha256[f'{name}_sha256'] = sha_fileobj(f).hex()
     model = unwrap_model(task.get_eval_model())
     # inputs are normalised as the trained model's cfg says; a distillation task re-normalises them for the teacher
     # (DistillationTeacher.normalize_input), so a teacher trained here by this command sees what it was trained on
@@ -506,11 +508,11 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
         dist.all_gather_object(digests, digest)
     results = {'model': args.model, 'teacher': args.teacher, 'epochs': num_epochs, 'world_size': world,
                'output_dir': output_dir, 'rank_state_sha256': digests, **final, 'history': history}
-    if initial_sha256:
-        results['initial_checkpoint_sha256'] = initial_sha256
+    results.update(loaded_sha256)
     if isinstance(task, TrajectoryDistillationTask):
         # the guidance as trained (defaults resolved, times calibrated): the card states it from here
-        results['guidance'] = task.guidance_summary()
+        results['guidance'] = {**task.guidance_summary(),
+                               'teacher_checkpoint_sha256': loaded_sha256.get('teacher_checkpoint_sha256')}
     if primary:
         with open(os.path.join(output_dir, 'results.json'), 'w') as f:
             json.dump(results, f, indent=2)
