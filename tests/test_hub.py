@@ -792,6 +792,14 @@ def test_steered_table_needs_all_three_runs_trained_alike(tmp_path):
     assert cells[5].startswith(f'{top1[2] - top1[1]:+.2f} ') and cells[6].startswith(f'{top1[2] - top1[0]:+.2f} ')
     published = steered_table(logs, REPO_ROOT / 'weights').splitlines()[2].split('|')[-2]
     assert '`ssog_vit_tiny_patch4_32.fmnist`' in published and 'steer' not in published, published
+    # a published weight continued by a later stage is no longer the run's: its cell says so
+    weights, ssog = tmp_path / 'weights', 'ssog_vit_tiny_patch4_32.fmnist'
+    shutil.copytree(REPO_ROOT / 'weights' / ssog, weights / ssog)
+    card = weights / ssog / 'README.md'
+    command_line = next(line for line in card.read_text().splitlines() if 'command: `' in line)
+    card.write_text(card.read_text() + command_line + '\n')
+    published = steered_table(logs, weights).splitlines()[2].split('|')[-2]
+    assert re.fullmatch(r' `ssog_vit_tiny_patch4_32.fmnist` [\d.]+% \(after 2 stages\) ', published), published
     command = runs[2] / 'command.txt'
     command.write_text(command.read_text().replace('--seed 0', '--seed 1'))
     assert steered_table(logs, tmp_path).splitlines()[2:] == []  # another seed: not the same budget

@@ -234,6 +234,13 @@ def _params_m(command: str) -> float:
     return sum(p.numel() for p in model.parameters()) / 1e6
 
 
+def _published_cell(repo: Path) -> str:
+    """A published weight's full-test top-1 beside the runs it may have come from; a weight continued by later stages
+    says so, since its top-1 is no longer that of the run."""
+    stages = len(card_commands(repo))
+    return f'`{repo.name}` {card_facts(repo)["test"]}%' + (f' (after {stages} stages)' if stages > 1 else '')
+
+
 def steered_table(logs: Path, root: Path) -> str:
     """Markdown: dense twin vs fixed vs steered SSoG from the training runs under ``logs``, one row per finished
     steered run whose dense twin and fixed-kernel sibling finished under the same command (model name aside).
@@ -264,8 +271,7 @@ def steered_table(logs: Path, root: Path) -> str:
         cells = [f'`{n}` {t:.2f}% ({_params_m(r[0]):.3f}M)' for n, t, r in zip(names, top1, runs)]
         n_val = recorded_args(runs[2][0]).val_samples
         se = 100 * math.sqrt(top1[2] / 100 * (1 - top1[2] / 100) / n_val) if n_val else float('nan')
-        published = ', '.join(f'`{n}` {card_facts(Path(root) / n)["test"]}%' for n in names
-                              if (Path(root) / n).is_dir()) or 'none'
+        published = ', '.join(_published_cell(Path(root) / n) for n in names if (Path(root) / n).is_dir()) or 'none'
         lo, hi = PAPER_GAIN['steered']
         lines.append(f'| {family.depth} | {n_val or "all"} | {" | ".join(cells)} | {top1[2] - top1[1]:+.2f} (paper '
                      f'+{PAPER_STEER_GAIN}) | {top1[2] - top1[0]:+.2f} (paper +{lo} to +{hi}) | {se:.2f} | '
