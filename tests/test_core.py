@@ -21,14 +21,16 @@ HOST_READ_METHODS = ('item', '__bool__', 'tolist', '__float__', '__int__', 'cpu'
 class HostReads(TorchDispatchMode):
     """Counts reads of tensor values by the host: every op that turns a tensor into a Python scalar dispatches
     ``_local_scalar_dense`` (on CUDA, a stream sync); ``tolist``, ``cpu`` and ``numpy`` are counted at the Python
-    level by ``count_host_reads``, since on CPU they need no dispatch."""
+    level by ``count_host_reads``, since on CPU they need no dispatch. A tensor made from Python data
+    (``torch.tensor([...], device=...)``, dispatched as ``lift_fresh``) is counted too: on CUDA it is a copy from
+    the host that waits for the GPU (an H200 run found one in the steered mixer, which this counter then missed)."""
 
     def __init__(self) -> None:
         super().__init__()
         self.reads = []
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if func is torch.ops.aten._local_scalar_dense.default:
+        if func in (torch.ops.aten._local_scalar_dense.default, torch.ops.aten.lift_fresh.default):
             self.reads.append(str(func))
         return func(*args, **(kwargs or {}))
 
@@ -62,6 +64,8 @@ def test_host_read_counter_sees_reads(monkeypatch):
     x = torch.ones(3)
     reads = count_host_reads(monkeypatch, lambda: (x.sum().item(), bool(x.all()), x.tolist(), float(x[0])))
     assert len(reads) >= 4
+    made_from_python = count_host_reads(monkeypatch, lambda: x * torch.tensor([2.0, 3.0, 4.0]))
+    assert made_from_python == [str(torch.ops.aten.lift_fresh.default)]
 
 
 def test_host_read_counter_sees_an_adaptive_solve(monkeypatch):

@@ -249,3 +249,35 @@ def test_resumed_run_ends_bit_identical_to_uninterrupted(tmp_path):
     ema = [read_checkpoint(str(p / 'run' / 'last.pth.tar'))['state_dict_ema'] for p in (tmp_path / 'whole',
                                                                                            tmp_path / 'whole_again')]
     assert all(torch.equal(ema[0][k], ema[1][k]) for k in ema[0])
+
+
+def test_device_batches_hold_every_image_and_shard_each_epoch_alike_on_every_rank():
+    images = torch.arange(20.).reshape(20, 1, 1, 1)
+    loader = [(images[i:i + 6], torch.arange(20)[i:i + 6]) for i in range(0, 20, 6)]  # an uneven last batch
+    ranks = [fm.DeviceBatches(loader, 'cpu', batch_size=3, shuffle=True, seed=5, rank=r, world=2) for r in range(2)]
+    assert [len(b) for b in ranks] == [3, 3]  # 10 images a rank, whole batches only
+    seen = []
+    for epoch in (0, 1):
+        for b in ranks:
+            b.set_epoch(epoch)
+        batches = [list(b) for b in ranks]
+        for x, y in (pair for rank in batches for pair in rank):
+            assert torch.equal(x.flatten().long(), y) and x.shape == (3, 1, 1, 1)  # images keep their labels
+        labels = [torch.cat([y for _, y in rank]) for rank in batches]
+        assert not set(labels[0].tolist()) & set(labels[1].tolist())  # the ranks share no image within an epoch
+        seen.append(torch.cat(labels))
+        # the same seed and epoch draw the same order again
+        assert torch.equal(torch.cat([y for _, y in ranks[0]]), labels[0])
+    assert not torch.equal(seen[0], seen[1])  # each epoch its own permutation
+    ordered = fm.DeviceBatches(loader, 'cpu', batch_size=8, shuffle=False)
+    assert len(ordered) == 3 and torch.equal(torch.cat([y for _, y in ordered]), torch.arange(20))
+
+
+def test_data_on_device_trains_on_the_loaders_images(tmp_path):
+    """--data-on-device decodes each split once through the transform the loader path uses: validation on the held
+    images measures what validation through the loader measures, and training runs from them."""
+    on_device = main(command(tmp_path, '--epochs', '1', '--data-on-device', '--augment'))
+    args = ['--epochs', '1', '--resume', str(tmp_path / 'run' / 'last.pth.tar'), '--experiment', 'measured']
+    through_loader = main(command(tmp_path, *args))
+    assert through_loader['loss'] == pytest.approx(on_device['loss'], rel=1e-5)
+    assert through_loader['top1'] == on_device['top1'] and on_device['history'][0]['train_loss'] > 0

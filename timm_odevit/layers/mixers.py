@@ -305,8 +305,10 @@ def _steer_residuals(x: torch.Tensor, steer_weight: torch.Tensor, steer_gate: to
     H, W = grid_size
     # tokens sliced after the probe, not before: a sliced input would be copied by every matmul that reads it
     r = F.linear(x, steer_weight)[:, -H * W:].reshape(B, H, W, heads, num_gaussians, STEER_FIELDS)
-    bounds = torch.tensor(STEER_BOUNDS, device=r.device, dtype=r.dtype)
-    return bounds * torch.tanh(F.softplus(steer_gate).to(r.dtype) * r)
+    r = torch.tanh(F.softplus(steer_gate).to(r.dtype) * r)
+    # Python scalars, field by field: a tensor of the bounds made here would be a host-to-device copy each forward,
+    # which waits for the GPU (found by tests/test_cuda.py on an H200)
+    return torch.cat([r[..., i:i + 1] * bound for i, bound in enumerate(STEER_BOUNDS)], dim=-1)
 
 
 def _steered_heads(

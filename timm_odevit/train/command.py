@@ -33,12 +33,12 @@ from timm.optim import create_optimizer_v2
 from timm.scheduler import create_scheduler_v2
 from timm.task import ClassificationTask, DistillationTeacher, load_task_ema_checkpoint, resume_task_checkpoint
 from timm.utils import (
-    AverageMeter, CheckpointSaver, ParseKwargs, dispatch_clip_grad, get_outdir, random_seed,
+    CheckpointSaver, ParseKwargs, dispatch_clip_grad, get_outdir, random_seed,
     setup_default_logging, unwrap_model, update_summary,
 )
 from timm.utils.distributed import init_distributed_device_so
 
-from ..data import FASHION_MNIST_MEAN, FASHION_MNIST_STD, augment_batch, build_dataset
+from ..data import FASHION_MNIST_MEAN, FASHION_MNIST_STD, DeviceBatches, augment_batch, build_dataset
 from ..distill import LOSS_KEYS, STATE_NORMS, TrajectoryDistillationTask, find_attention_module, indices_to_times
 from ..evaluate import evaluate
 from .checkpoint import checkpoint_args, read_checkpoint
@@ -86,6 +86,8 @@ def _parser() -> argparse.ArgumentParser:
     g.add_argument('--augment', action='store_true',
                    help='random horizontal flip and a shift of up to 2 px per image (edge-padded)')
     g.add_argument('--workers', type=int, default=0)
+    g.add_argument('--data-on-device', action='store_true',
+                   help='decode both splits once and keep them on the device (a GPU outruns per-image loading)')
     g = p.add_argument_group('distillation (with --teacher)')
     g.add_argument('--teacher', default=None,
                    help='teacher: a timm name (vit_*, dense_vit_*, ssog_vit_*) or hf-hub:org/repo; none = train alone')
@@ -350,6 +352,10 @@ def _history_before(run_dir: str, start_epoch: int) -> List[Dict[str, Any]]:
     return history
 
 
+def _means(sums: Dict[str, torch.Tensor], count: int) -> Dict[str, float]:
+    return {k: float(v) / max(count, 1) for k, v in sums.items()}
+
+
 def _run_folder(args: argparse.Namespace) -> str:
     name = args.experiment or '-'.join([datetime.now().strftime('%Y%m%d-%H%M%S'), args.model,
                                         'guided' if args.teacher else 'alone'])
@@ -401,6 +407,12 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
                        persistent_workers=False)
     loader_train = create_loader(ds_train, batch_size=args.batch_size, is_training=True, no_aug=True, **loader_args)
     loader_eval = create_loader(ds_eval, batch_size=args.batch_size, is_training=False, **loader_args)
+    if args.data_on_device:
+        # decoded through the transform create_loader gave each split; every rank holds the whole training split and
+        # takes its share of each epoch's permutation, and its own share of the validation split, as loaded above
+        loader_train = DeviceBatches(torch.utils.data.DataLoader(ds_train, batch_size=1024, num_workers=args.workers),
+                                     device, args.batch_size, shuffle=True, seed=args.seed, rank=rank, world=world)
+        loader_eval = DeviceBatches(loader_eval, device, args.batch_size, shuffle=False)
 
     optimizer = create_optimizer_v2(task.get_trainable_module(), opt=args.opt, lr=args.lr,
                                     weight_decay=args.weight_decay)
@@ -449,7 +461,9 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
     num_updates = start_epoch * updates_per_epoch
     eval_metrics: Optional[Dict[str, Any]] = None
     for epoch in range(start_epoch, num_epochs):
-        if distributed and hasattr(loader_train.sampler, 'set_epoch'):
+        if hasattr(loader_train, 'set_epoch'):
+            loader_train.set_epoch(epoch)
+        elif distributed and hasattr(loader_train.sampler, 'set_epoch'):
             loader_train.sampler.set_epoch(epoch)
         if hasattr(task, 'set_epoch'):
             task.set_epoch(epoch)
@@ -457,7 +471,8 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
         # run resumed from an epoch's checkpoint continues bit for bit as the uninterrupted run would have
         random_seed(args.seed + 1000 * epoch, rank)
         task.train()
-        meters = {k: AverageMeter() for k in ('loss',) + (LOSS_KEYS if args.teacher else ())}
+        # loss sums stay on the device: reading one back every step would stall a GPU's queue
+        loss_sums = {k: torch.zeros((), device=device) for k in ('loss',) + (LOSS_KEYS if args.teacher else ())}
         t0 = time.time()
         seen = 0
         for step, (x, y) in enumerate(loader_train):
@@ -477,22 +492,23 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
             task.update_ema(step=num_updates)
             scheduler.step_update(num_updates=num_updates)
             seen += x.shape[0] * world
-            for k, m in meters.items():
-                m.update(float(out[k].detach()), x.shape[0])
+            for k, total in loss_sums.items():
+                total += out[k].detach().float() * x.shape[0]
             if primary and (step % args.log_interval == 0 or step == updates_per_epoch - 1):
-                terms = ' '.join(f'{k} {m.avg:.4f}' for k, m in meters.items())
+                terms = ' '.join(f'{k} {v:.4f}' for k, v in _means(loss_sums, seen // world).items())
                 _logger.info(f'epoch {epoch} [{step + 1}/{updates_per_epoch}] {terms} '
                              f"lr {optimizer.param_groups[0]['lr']:.2e} {seen / (time.time() - t0):.1f} img/s")
+        train_losses = _means(loss_sums, seen // world)
         train_seconds = time.time() - t0
         eval_metrics = _validate(task, loader_eval, device, amp_dtype, distributed)
         scheduler.step(epoch + 1, eval_metrics['top1'])
         if primary:
             _logger.info(f"epoch {epoch} val top1 {eval_metrics['top1']:.2f} loss {eval_metrics['loss']:.4f} "
                          f'({train_seconds:.0f} s training, {seen / train_seconds:.1f} img/s)')
-            history.append({'epoch': epoch, 'train_loss': meters['loss'].avg, 'train_seconds': train_seconds,
+            history.append({'epoch': epoch, 'train_loss': train_losses['loss'], 'train_seconds': train_seconds,
                             'images_per_second': seen / train_seconds, **eval_metrics})
             saver.save_checkpoint(epoch, metric=eval_metrics['top1'])
-            update_summary(epoch, {k: m.avg for k, m in meters.items()},
+            update_summary(epoch, train_losses,
                            {k: v for k, v in eval_metrics.items() if v is not None},
                            os.path.join(output_dir, 'summary.csv'), lr=optimizer.param_groups[0]['lr'])
 
@@ -506,7 +522,10 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
         # every rank reports its weights' hash: DDP training must leave them bit-identical
         digests = [None] * world
         dist.all_gather_object(digests, digest)
+    # a card names the GPU a run trained on
+    device_name = torch.cuda.get_device_name(device) if device.type == 'cuda' else device.type
     results = {'model': args.model, 'teacher': args.teacher, 'epochs': num_epochs, 'world_size': world,
+               'device_name': device_name,
                'output_dir': output_dir, 'rank_state_sha256': digests, **final, 'history': history}
     results.update(loaded_sha256)
     if isinstance(task, TrajectoryDistillationTask):
