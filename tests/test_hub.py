@@ -729,6 +729,17 @@ def test_card_says_which_weights_a_run_with_an_ema_publishes():
     assert training_lines(args, FMNIST_CFG)['schedule'].endswith('fp32')
 
 
+def test_card_names_the_gpu_a_run_trained_on_and_the_threads_of_a_cpu_run():
+    from timm_odevit.hub.card import training_lines
+    from timm_odevit.models.pretrained import FMNIST_CFG
+    from timm_odevit.train import parse_args
+    gpu = vars(parse_args(['--model', 'ssog_vit_tiny_patch4_32', '--device', 'cuda', '--amp', 'bf16']))
+    budget = training_lines(gpu, FMNIST_CFG, device_name='NVIDIA H200')['budget']
+    assert budget.endswith('`cuda` (NVIDIA H200), bf16 autocast'), budget
+    cpu = vars(parse_args(['--model', 'ssog_vit_tiny_patch4_32']))
+    assert training_lines(cpu, FMNIST_CFG, threads=2, device_name='cpu')['budget'].endswith('2 CPU thread(s), fp32')
+
+
 def test_guided_table_pairs_a_guided_weight_with_its_scratch_twin(tmp_path):
     """A weight trained with a teacher and one of the same architecture trained by the same command without the
     teacher's options form a row (guided minus scratch, at the registered solver and on the training grid); another

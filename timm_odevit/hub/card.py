@@ -63,12 +63,13 @@ def guidance_line(args: Dict[str, Any], guidance: Optional[Dict[str, Any]] = Non
 
 def training_lines(args: Dict[str, Any], cfg: Dict[str, Any], threads: Optional[int] = None,
                    history: Optional[List[Dict[str, Any]]] = None,
-                   guidance: Optional[Dict[str, Any]] = None, ema_published: bool = True) -> Dict[str, str]:
+                   guidance: Optional[Dict[str, Any]] = None, ema_published: bool = True,
+                   device_name: Optional[str] = None) -> Dict[str, str]:
     """One run of ``python -m timm_odevit.train`` (its options as a dict) as card lines: data, schedule, budget,
     model kwargs, the teacher guidance of a guided run and the command that reruns it. ``threads``: the run's CPU
     threads (default: what the run recorded, else 1); ``history`` and ``guidance``: its per-epoch record and its
     resolved guidance (``results.json``), for the wall time and the teacher line; ``ema_published``: whether a run
-    that kept an EMA is published with its EMA weights."""
+    that kept an EMA is published with its EMA weights; ``device_name``: the GPU a run recorded (``results.json``)."""
     size = cfg['input_size']
     kwargs = args.get('model_kwargs') or {}
     threads = threads or args.get('threads') or 1
@@ -76,7 +77,8 @@ def training_lines(args: Dict[str, Any], cfg: Dict[str, Any], threads: Optional[
     per_epoch = min(n_train, args['max_steps_per_epoch'] * args['batch_size']) if args.get('max_steps_per_epoch') \
         else n_train
     precision = 'bf16 autocast' if args.get('amp') == 'bf16' else 'fp32'
-    where = f'{threads} CPU thread(s)' if args.get('device', 'cpu') == 'cpu' else f'`{args["device"]}`'
+    where = f'{threads} CPU thread(s)' if args.get('device', 'cpu') == 'cpu' else \
+        f'`{args["device"]}`' + (f' ({device_name})' if device_name and device_name != args['device'] else '')
     budget = f'{args["epochs"] * per_epoch:,} images seen ({args["epochs"]} epochs of {per_epoch:,})'
     if history and sorted(h['epoch'] for h in history) == list(range(args['epochs'])):
         # minutes only from a record of every epoch: a partial one (a run resumed without its record) undercounts

@@ -78,7 +78,8 @@ def run_stages(args: Dict[str, Any], record: Dict[str, Any], cfg: Dict[str, Any]
     """The card lines of a run of the training command (its options and its ``results.json`` record), preceded by
     those of every stage before it when it started from earlier weights (``--initial-checkpoint``); ``repo``: the
     folder the export writes."""
-    lines = training_lines(args, cfg, threads, record.get('history'), record.get('guidance'), ema_published)
+    lines = training_lines(args, cfg, threads, record.get('history'), record.get('guidance'), ema_published,
+                           record.get('device_name'))
     if not args.get('initial_checkpoint'):
         return [lines]
     before, source = _stages_before(args['initial_checkpoint'], record.get('initial_checkpoint_sha256'), cfg, repo)
