@@ -97,6 +97,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     tr.add_argument('--out-dir', default='results/weights', help='where trajectory.md and .csv go')
     tr.add_argument('--test-samples', type=int, default=256, help='first n Fashion-MNIST test images')
     tr.add_argument('--data-dir', default=None, help="Fashion-MNIST IDX files (default: Debian's package)")
+    tr.add_argument('--teacher-root', default=None,
+                    help="folder where the teacher path a guided card names is found (default: the working "
+                         "directory); for a teacher replaced since, a folder laid out from git history")
 
     d = sub.add_parser('demo', help='load a pretrained model through an in-process mirror and classify the sample')
     d.add_argument('--model', default=None)
@@ -150,7 +153,8 @@ def main(argv: Optional[List[str]] = None) -> int:
                                        a.data_dir, a.only), end='')
     elif a.cmd == 'trajectory':
         from ..study.guidance import write_weights_trajectory
-        print(write_weights_trajectory(Path(a.root), Path(a.out_dir), a.test_samples, a.data_dir), end='')
+        print(write_weights_trajectory(Path(a.root), Path(a.out_dir), a.test_samples, a.data_dir,
+                                       a.teacher_root and Path(a.teacher_root)), end='')
     elif a.cmd == 'demo':
         from .demo import main as demo_main
         return demo_main(model=a.model, root=a.root)

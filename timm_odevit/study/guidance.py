@@ -359,14 +359,16 @@ def write_guidance_report(root: Path, test_samples: int = 256, data_dir: Optiona
 
 
 def write_weights_trajectory(root: Path, out_dir: Path, test_samples: int = 256,
-                             data_dir: Optional[str] = None) -> str:
+                             data_dir: Optional[str] = None, teacher_root: Optional[Path] = None) -> str:
     """The trajectory of the published students: for each guided weight under ``root`` and its scratch twin (the
     rows of ``hub table --kind guided``), the distance between each student's CLS state at the guided card's target
     times and the teacher's block outputs, on the first ``test_samples`` test images preprocessed as the card's
     command trained on. Writes ``trajectory.md`` and ``trajectory.csv`` under ``out_dir``; returns the Markdown.
 
     Read from the published files alone (the card's command and times, the teacher checkpoint it names), so anyone
-    with the weights reruns it; checkpoints are not needed."""
+    with the weights reruns it; checkpoints are not needed. The teacher checkpoint a card names (a path relative to
+    the repository) is looked for under ``teacher_root`` (default: the working directory, the repository root): a
+    teacher since replaced in ``weights/`` can be laid out from git history in a folder of its own."""
     from safetensors.torch import load_file
     from ..hub.table import card_command, card_target_times, card_teacher_sha256, guided_pairs
     from ..hub.verify import sha256_file
@@ -375,14 +377,20 @@ def write_weights_trajectory(root: Path, out_dir: Path, test_samples: int = 256,
     rows: List[Dict[str, Any]] = []
     for arch, teacher, scratch, guided in guided_pairs(root):
         args = recorded_args(card_command(guided))
-        if args.teacher_checkpoint and not Path(args.teacher_checkpoint).is_file():
-            raise FileNotFoundError(f'{guided.name} was guided by {args.teacher_checkpoint}, which is not here: run '
-                                    'from the repository root, where its card names the teacher\'s weights.')
-        sha = card_teacher_sha256(guided)
-        if args.teacher_checkpoint and sha and sha256_file(Path(args.teacher_checkpoint)) != sha:
-            raise ValueError(f'{guided.name} was guided by {args.teacher_checkpoint} with sha256 {sha}, and that path '
-                             'now holds other weights: put the teacher back (git history keeps published weights) '
-                             'to measure the trajectory against the teacher that guided it.')
+        if args.teacher_checkpoint:
+            named = args.teacher_checkpoint
+            args.teacher_checkpoint = str(Path(teacher_root or '.') / named)
+            if not Path(args.teacher_checkpoint).is_file():
+                raise FileNotFoundError(f'{guided.name} was guided by {named}, which is not under '
+                                        f'{teacher_root or "the working directory"}: run from the repository root, '
+                                        'or pass the folder that holds it (--teacher-root).')
+            sha = card_teacher_sha256(guided)
+            if sha and sha256_file(Path(args.teacher_checkpoint)) != sha:
+                raise ValueError(f'{guided.name} was guided by {named} with sha256 {sha}, and '
+                                 f'{args.teacher_checkpoint} holds other weights: lay that teacher out from git '
+                                 f'history (git log --format=%h -- {named} lists its versions) in a folder of its '
+                                 'own and pass it as --teacher-root, to measure the trajectory against the teacher '
+                                 'that guided it.')
         args.times = ','.join(str(t) for t in card_target_times(guided))
         args.no_init_from_teacher = True  # the published weights replace the student's parameters anyway
         task = build_task(args, torch.device('cpu'))
