@@ -797,10 +797,9 @@ def test_trajectory_of_the_published_students(tmp_path, monkeypatch):
     gaps = {arm: [float(r.split(',')[-1]) for r in rows[1:] if f',{arm},' in r] for arm in ('scratch', 'guided')}
     assert max(gaps['guided']) < 0.3 < min(gaps['scratch']), gaps
     assert f'`{names[1]}`' in table and 'first 8 Fashion-MNIST' in table
-    if sha256_of(REPO_ROOT / teacher) != sha:  # the repository's path holds the second stage now: refused
-        with pytest.raises(ValueError, match=f'{teacher} with sha256 {sha}, and {teacher} holds other weights'):
-            write_weights_trajectory(tmp_path / 'weights', tmp_path / 'out', test_samples=8,
-                                     data_dir=str(fm.SAMPLE_DIR))
+    assert sha256_of(REPO_ROOT / teacher) != sha  # the repository's path holds the second stage now: refused
+    with pytest.raises(ValueError, match=f'{teacher} with sha256 {sha}, and {teacher} holds other weights'):
+        write_weights_trajectory(tmp_path / 'weights', tmp_path / 'out', test_samples=8, data_dir=str(fm.SAMPLE_DIR))
     with pytest.raises(FileNotFoundError, match='pass the folder that holds it'):
         write_weights_trajectory(tmp_path / 'weights', tmp_path / 'out', test_samples=8, data_dir=str(fm.SAMPLE_DIR),
                                  teacher_root=tmp_path)

@@ -382,9 +382,10 @@ def build_dataset(
 class DeviceBatches:
     """A whole split decoded once by a loader and kept on the device, cut into batches there.
 
-    A tiny 32 px model on a GPU trains faster than worker processes decode and collate images one by one (the first
-    H200 attempt: 1,000-3,000 images/s per run, the GPU mostly idle); held on the device, a batch is one gather. The
-    images are what ``loader`` yields (its transform, without augmentation: ``augment_batch`` runs on each batch).
+    A tiny 32 px model on a GPU can train faster than worker processes decode and collate images one by one; held on
+    the device, a batch is one gather, and loading is ruled out as the limit (on the H200 it was not the limit: the
+    same 1,000-3,000 images/s a run with eight runs sharing the GPU, benchmarks/gpu_h200/README.md). The images are
+    what ``loader`` yields (its transform, without augmentation: ``augment_batch`` runs on each batch).
     ``shuffle``: each epoch is a permutation drawn from ``seed`` and the epoch alone (``set_epoch``), the same on
     every rank, each rank taking every ``world``-th image of it, as timm's distributed sampler does; the last partial
     batch is dropped, as timm's training loader does. Without ``shuffle``, every image once, in order (validation).

@@ -5,10 +5,11 @@
 Every run (``RUNS``: the six tiny 32 px families trained alone, and the two ODE students guided by the published
 ``ssog_vit_tiny_patch4_32.fmnist``) shares one recipe exactly (``RECIPE``: seed, epochs, batch, schedule,
 augmentation, EMA), so each SSoG model and its dense twin, and each guided student and the same model trained
-alone, are matched pairs. The data lives on the GPU (``--data-on-device``): per-image loading was what held the
-first attempt to 1,000-3,000 images/s a run. All runs share the GPU at once. The epochs are set by the budget: a
-calibration pass times a few steps of every run side by side; the epochs are what the harmonic mean of those rates
-fits in ``--budget-s`` (the GPU's work, shared in turn), never fewer than the slowest run fits. A run still going at
+alone, are matched pairs. The data lives on the GPU (``--data-on-device``), to rule out per-image loading as what
+held the first attempt to 1,000-3,000 images/s a run (it was not: see below). All runs share the GPU at once.
+The epochs are set by the budget: a calibration pass times a few steps of every run side by side; the epochs are
+what the harmonic mean of those rates fits in ``--budget-s`` (the GPU's work, shared in turn), never fewer than the
+slowest run fits. A run still going at
 ``--deadline-s`` is stopped and keeps its last finished epoch. Each run's folder (command, log, per-epoch validation
 in results.json) and a model-only checkpoint (the weights and their EMA of the last epoch, float16, no optimizer
 state) go to OUT_DIR, packed as one gzipped tar split in parts of at most 15 MiB.
@@ -57,8 +58,8 @@ def command(run: str, out: Path, data_dir: str, device: str, extra: List[str]) -
 
 
 def run_all(out: Path, data_dir: str, device: str, extra: Dict[str, List[str]], deadline: float) -> Dict[str, int]:
-    """Start every run of ``extra`` at once; wait for all, stopping those still going at ``deadline`` (time.time()); exit codes
-    (a stopped run's is negative)."""
+    """Start every run of ``extra`` at once; wait for all, stopping those still going at ``deadline`` (a
+    ``time.time()``); their exit codes (a stopped run's is negative)."""
     out.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ, OMP_NUM_THREADS='2')  # 8 runs on 16 cores
     procs = {}
@@ -159,7 +160,8 @@ def main() -> None:
           f'calibration took {time.time() - t0:.0f} s)', flush=True)
     subset = ['--max-steps-per-epoch', '2', '--val-samples', '256'] + light if args.dry_run else []
     runs = work / 'runs'
-    codes = run_all(runs, args.data_dir, args.device, {r: ['--epochs', str(epochs)] + subset for r in args.only}, deadline)
+    extra = {r: ['--epochs', str(epochs)] + subset for r in args.only}
+    codes = run_all(runs, args.data_dir, args.device, extra, deadline)
     for run, code in codes.items():
         results = runs / run / 'results.json'
         top1 = json.loads(results.read_text())['top1'] if results.exists() else None
