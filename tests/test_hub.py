@@ -700,6 +700,31 @@ def test_matched_table_pairs_only_same_recipe(tmp_path):
     assert matched_table(tmp_path).splitlines()[2:] == []  # another seed: not a matched pair
 
 
+def test_matched_table_pairs_ode_weights_started_from_their_looped_twins(tmp_path):
+    """An ODE pair whose first stage trained each member's looped twin (the same function at the registered grid) is
+    matched stage by stage: the SSoG stage names looped_ssog where the dense one names looped_vit; an SSoG ODE weight
+    that started from another depth's SSoG weights is not."""
+    from timm_odevit.hub.table import matched_table
+    dense_card = (REPO_ROOT / 'weights' / 'dense_vit_tiny_patch4_32.fmnist' / 'README.md').read_text()
+    assert dense_card.count('stage 2 of 2, command: ') == 1
+    # the two-stage dense card made into odevit's: stage 1 trains looped_vit, stage 2 odevit from its weights
+    text, n = re.subn(r'(stage 1 of 2, command: `[^`]*--model )dense_vit_tiny_patch4_32 ',
+                      r'\g<1>looped_vit_tiny_patch4_32 ', dense_card)
+    assert n == 1
+    text = text.replace('dense_vit_tiny_patch4_32.fmnist/', 'looped_vit_tiny_patch4_32.fmnist/')
+    text = text.replace('dense_vit_tiny_patch4_32', 'odevit_tiny_patch4_32')
+    cards = {'odevit_tiny_patch4_32.fmnist': text,
+             'ssog_ode_tiny_patch4_32.fmnist': text.replace('looped_vit_', 'looped_ssog_').replace('odevit_', 'ssog_ode_')}
+    for name, card in cards.items():
+        (tmp_path / name).mkdir()
+        (tmp_path / name / 'README.md').write_text(card)
+    rows = matched_table(tmp_path).splitlines()[2:]
+    assert len(rows) == 1 and rows[0].startswith('| ode | `ssog_ode_tiny_patch4_32.fmnist` |'), rows
+    other = cards['ssog_ode_tiny_patch4_32.fmnist'].replace('looped_ssog_', 'ssog_vit_')
+    (tmp_path / 'ssog_ode_tiny_patch4_32.fmnist' / 'README.md').write_text(other)
+    assert matched_table(tmp_path).splitlines()[2:] == []
+
+
 def test_matched_table_gives_an_ode_pairs_training_grid(tmp_path):
     """An ODE pair trained on another grid than the registered one is compared at both: the registered solver that
     pretrained=True gives and the grid both were trained on."""

@@ -7,7 +7,7 @@ import re
 from pathlib import Path
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
-from ..models.families import SETTINGS, Family, family_of
+from ..models.families import FAMILIES, SETTINGS, Family, family_of
 from ..train import PROG, format_command, read_summary, recorded_args
 from . import CARD_FILE
 
@@ -83,10 +83,22 @@ def card_command(repo_dir: Path) -> Optional[str]:
     return commands[0] if len(commands) == 1 else None
 
 
+# a fixed-kernel SSoG model's name where a command names it (a stage starting from an SSoG model of another depth)
+_SSOG_NAME = re.compile(r'\b(' + '|'.join(sorted((f.name for f in FAMILIES.values() if f.is_ssog and not f.steer),
+                                                   key=len, reverse=True)) + r')_(?!steer_)(?=\w)')
+
+
+def _as_dense(command: str) -> str:
+    """A command with every fixed-kernel SSoG model it names replaced by that model's dense twin."""
+    return _SSOG_NAME.sub(lambda m: FAMILIES[m.group(1)].twin + '_', command)
+
+
 def _same_recipe(a: Sequence[str], b: Sequence[str], arch_a: str, arch_b: str) -> bool:
     """Whether two weights' commands (one per stage) are the same, each weight's own model name aside (it also names
-    the weights a next stage starts from)."""
-    return bool(a) and len(a) == len(b) and all(x.replace(arch_a, '@') == y.replace(arch_b, '@') for x, y in zip(a, b))
+    the weights a next stage starts from), and an earlier stage's SSoG model aside from its dense twin (an ODE
+    weight that started from its looped twin's weights, the dense ODE one from the dense looped one)."""
+    return bool(a) and len(a) == len(b) and all(
+        _as_dense(x.replace(arch_a, '@')) == _as_dense(y.replace(arch_b, '@')) for x, y in zip(a, b))
 
 
 def _published(root: Path) -> Iterator[Tuple[Path, Family]]:
