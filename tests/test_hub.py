@@ -714,7 +714,8 @@ def test_matched_table_pairs_ode_weights_started_from_their_looped_twins(tmp_pat
     text = text.replace('dense_vit_tiny_patch4_32.fmnist/', 'looped_vit_tiny_patch4_32.fmnist/')
     text = text.replace('dense_vit_tiny_patch4_32', 'odevit_tiny_patch4_32')
     cards = {'odevit_tiny_patch4_32.fmnist': text,
-             'ssog_ode_tiny_patch4_32.fmnist': text.replace('looped_vit_', 'looped_ssog_').replace('odevit_', 'ssog_ode_')}
+             'ssog_ode_tiny_patch4_32.fmnist': text.replace('looped_vit_', 'looped_ssog_').replace('odevit_',
+                                                                                                   'ssog_ode_')}
     for name, card in cards.items():
         (tmp_path / name).mkdir()
         (tmp_path / name / 'README.md').write_text(card)
@@ -906,6 +907,36 @@ def test_elasticity_of_published_ode_weights(tmp_path):
                                                      ['odevit_tiny_patch4_32.fmnist', '', 'rk4', '2', '8']]
     assert '| NFE | | 3 | 8 |' in table and 'first 16 Fashion-MNIST' in table
     assert (tmp_path / 'out' / 'elasticity.png').is_file()
+
+
+def test_elasticity_solves_looped_weights_as_their_ode_twin(tmp_path):
+    """--looped-as-ode adds a row per published looped weight, solved as the ODE architecture with its parameters:
+    at the registered grid (h = 1) it is the looped model's top-1 exactly; --only without the option would drop that
+    row from the last table, and says so instead."""
+    from timm_odevit.evaluate import evaluate
+    from timm_odevit.study.elasticity import write_weights_elasticity
+    root, out, looped = tmp_path / 'weights', tmp_path / 'out', 'looped_vit_tiny_patch4_32.fmnist'
+    shutil.copytree(REPO_ROOT / 'weights' / looped, root / looped)
+    kw = dict(test_samples=64, data_dir=str(fm.SAMPLE_DIR))
+    with pytest.raises(FileNotFoundError, match='No ODE weights'):
+        write_weights_elasticity(root, out, ['euler:12'], **kw)
+    table = write_weights_elasticity(root, out, ['euler:12', 'euler:6'], looped_as_ode=True, **kw)
+    rows = [r.split(',') for r in (out / 'elasticity.csv').read_text().splitlines()[1:]]
+    name = f'{looped} as odevit_tiny_patch4_32'
+    assert [r[:5] for r in rows] == [[name, '', 'euler', '12', '12'], [name, '', 'euler', '6', '6']]
+    model = timm.create_model(f'local-dir:{root / looped}', pretrained=True)
+    want = evaluate(model, fm.load_tensors(fm.SAMPLE_DIR, 'test', model=model, limit=64))['top1']
+    assert float(rows[0][5]) == round(want, 2) > 50 and f'| `{name}` |' in table
+    export_ode = timm.create_model('odevit_tiny_patch4_32', num_classes=10, in_chans=1, depth=2)
+    from timm_odevit.hub.export import export
+    export(export_ode, 'odevit_tiny_patch4_32', 'fmnist', str(root))
+    write_weights_elasticity(root, out, ['euler:12', 'euler:6'], looped_as_ode=True, **kw)
+    with pytest.raises(ValueError, match=f'would lose \\({name}\\).*--looped-as-ode'):
+        write_weights_elasticity(root, out, ['euler:12', 'euler:6'], only=['odevit_tiny_patch4_32.fmnist'], **kw)
+    write_weights_elasticity(root, out, ['euler:12', 'euler:6'], only=['odevit_tiny_patch4_32.fmnist'],
+                             looped_as_ode=True, **kw)
+    assert [r.split(',')[0] for r in (out / 'elasticity.csv').read_text().splitlines()[1:]] == [
+        'odevit_tiny_patch4_32.fmnist'] * 2 + [name] * 2
 
 
 def test_elasticity_only_remeasures_the_named_weights_and_keeps_the_rest(tmp_path):

@@ -2,6 +2,7 @@
 against the number of field evaluations (NFE) per image; elasticity.csv, elasticity.png and elasticity.md. The
 models are the study's ODE runs (``write_elasticity``) or the published ODE weights (``write_weights_elasticity``)."""
 import csv
+import json
 import re
 from pathlib import Path
 from typing import Dict, Iterable, List, Optional, Sequence, Tuple
@@ -9,6 +10,7 @@ from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 from torch import nn
 
 from ..evaluate import evaluate, parse_solver
+from ..hub import CONFIG_FILE, WEIGHTS_FILE
 from .runs import SETTINGS
 
 __all__ = ['ELASTICITY_SOLVERS', 'write_elasticity', 'write_weights_elasticity']
@@ -37,35 +39,72 @@ def write_elasticity(root: Path, solvers: Sequence[str], test_samples: int = 200
 
 
 def write_weights_elasticity(root: Path, out_dir: Path, solvers: Sequence[str], test_samples: int = 2000,
-                             data_dir: Optional[str] = None, only: Optional[Sequence[str]] = None) -> str:
+                             data_dir: Optional[str] = None, only: Optional[Sequence[str]] = None,
+                             looped_as_ode: bool = False) -> str:
     """Evaluate every published ODE weight under ``root`` (``<arch>.<tag>`` folders, loaded as timm loads them, with
     ``local-dir:``) under each ``solvers`` entry, on the first ``test_samples`` test images; writes under
     ``out_dir`` and returns a Markdown table.
 
     ``only``: measure just these folders (a weight that was re-exported) and keep every other weight's rows from
     ``out_dir``'s last table, which must hold them at the same solvers and number of images (ValueError otherwise:
-    rerun without ``only``)."""
+    rerun without ``only``).
+
+    ``looped_as_ode``: also solve each published looped weight as its ODE twin (the same parameters; at the
+    registered grid, h = 1, the same function), a row named ``<looped weights> as <ODE architecture>``."""
     import timm
     import timm_odevit  # noqa: F401  (registers the architectures config.json names)
     from ..models.families import family_of
-    folders = [p for p in sorted(Path(root).iterdir())
-               if p.is_dir() and family_of(p.name.partition('.')[0]).depth == 'ode']
-    names = [p.name for p in folders]
+    folders = [p for p in sorted(Path(root).iterdir()) if p.is_dir()]
+    # (row name, folder, the ODE architecture a looped weight is solved as; None: the folder's own)
+    entries = [(p.name, p, None) for p in folders if family_of(p.name.partition('.')[0]).depth == 'ode']
+    if looped_as_ode:
+        entries += [(f'{p.name} as {ode}', p, ode) for p, ode in ((p, _ode_twin(p.name.partition('.')[0]))
+                                                                   for p in folders) if ode]
+    names = [name for name, _, _ in entries]
     kept: List[Dict[str, object]] = []
     if only:
-        unknown = sorted(set(only) - set(names))
+        unknown = sorted(set(only) - {p.name for _, p, _ in entries})
         if unknown:
             raise ValueError(f'--only {" ".join(unknown)}: no such ODE weight under {root} (there are: '
                              f'{", ".join(names) or "none"})')
-        kept = _kept_rows(Path(out_dir), [n for n in names if n not in only], solvers, test_samples)
-        folders = [p for p in folders if p.name in only]
+        _check_nothing_lost(Path(out_dir) / 'elasticity.csv', names)
+        kept = _kept_rows(Path(out_dir), [n for n, p, _ in entries if p.name not in only], solvers, test_samples)
+        entries = [e for e in entries if e[1].name in only]
 
     def models() -> Iterable[Tuple[str, str, nn.Module]]:
-        for folder in folders:
-            yield folder.name, '', timm.create_model(f'local-dir:{folder.resolve()}', pretrained=True)
+        for name, folder, ode in entries:
+            if ode is None:
+                yield name, '', timm.create_model(f'local-dir:{folder.resolve()}', pretrained=True)
+            else:  # as local-dir: would build the looped model, with the ODE architecture in its place
+                config = json.loads((folder / CONFIG_FILE).read_text())
+                weights = str(folder.resolve() / WEIGHTS_FILE)
+                yield name, '', timm.create_model(ode, pretrained=True, **config.get('model_args', {}),
+                                                  pretrained_cfg=dict(config['pretrained_cfg'], file=weights))
     Path(out_dir).mkdir(parents=True, exist_ok=True)
     return _write(models(), solvers, test_samples, data_dir, Path(out_dir), 'published weights',
                   f'No ODE weights under {root}: export one with python -m timm_odevit.hub export.', kept, names)
+
+
+def _ode_twin(arch: str) -> Optional[str]:
+    """The ODE architecture with the parameters of a looped one (``looped_ssog_tiny_patch4_32`` ->
+    ``ssog_ode_tiny_patch4_32``); None for an architecture that is not looped."""
+    from ..models.families import FAMILIES, family_of
+    family = family_of(arch)
+    if family.depth != 'looped':
+        return None
+    ode = next(f for f in FAMILIES.values() if f.depth == 'ode' and f.mixer == family.mixer and f.steer == family.steer)
+    return ode.name + arch[len(family.name):]
+
+
+def _check_nothing_lost(table: Path, names: Sequence[str]) -> None:
+    """--only rewrites the last table: it must not drop a row the new one will not have (ValueError)."""
+    if not table.is_file():
+        return
+    with open(table, newline='') as f:
+        lost = sorted({r['model'] for r in csv.DictReader(f)} - set(names))
+    if lost:
+        raise ValueError(f'{table} holds rows that this table would lose ({", ".join(lost)}): rerun with the options '
+                         'that made them (--looped-as-ode for the looped weights), or without --only')
 
 
 def _kept_rows(out: Path, keep: Sequence[str], solvers: Sequence[str], test_samples: int) -> List[Dict[str, object]]:
