@@ -91,7 +91,7 @@ GENERATORS: Dict[str, Callable[[], str]] = {
     'python -m timm_odevit.study report': _study_report,
     'python -m timm_odevit.study elasticity (writes results/fmnist_study/elasticity.md)':
         _committed('results/fmnist_study/elasticity.md'),
-    'python -m timm_odevit.hub elasticity --root weights (writes results/weights/elasticity.md)':
+    'python -m timm_odevit.hub elasticity --root weights --looped-as-ode (writes results/weights/elasticity.md)':
         _committed('results/weights/elasticity.md'),
     'python -m timm_odevit.hub trajectory --root weights (writes results/weights/trajectory.md)':
         _committed('results/weights/trajectory.md'),
