@@ -58,8 +58,8 @@ def write_weights_elasticity(root: Path, out_dir: Path, solvers: Sequence[str], 
     # (row name, folder, the ODE architecture a looped weight is solved as; None: the folder's own)
     entries = [(p.name, p, None) for p in folders if family_of(p.name.partition('.')[0]).depth == 'ode']
     if looped_as_ode:
-        entries += [(f'{p.name} as {ode}', p, ode) for p, ode in ((p, _ode_twin(p.name.partition('.')[0]))
-                                                                   for p in folders) if ode]
+        twins = [(p, _ode_twin(p.name.partition('.')[0])) for p in folders]
+        entries += [(f'{p.name} as {ode}', p, ode) for p, ode in twins if ode]
     names = [name for name, _, _ in entries]
     kept: List[Dict[str, object]] = []
     if only:
@@ -67,8 +67,8 @@ def write_weights_elasticity(root: Path, out_dir: Path, solvers: Sequence[str], 
         if unknown:
             raise ValueError(f'--only {" ".join(unknown)}: no such ODE weight under {root} (there are: '
                              f'{", ".join(names) or "none"})')
-        _check_nothing_lost(Path(out_dir) / 'elasticity.csv', names)
-        kept = _kept_rows(Path(out_dir), [n for n, p, _ in entries if p.name not in only], solvers, test_samples)
+        kept = _kept_rows(Path(out_dir), [n for n, p, _ in entries if p.name not in only], names, solvers,
+                          test_samples)
         entries = [e for e in entries if e[1].name in only]
 
     def models() -> Iterable[Tuple[str, str, nn.Module]]:
@@ -88,32 +88,31 @@ def write_weights_elasticity(root: Path, out_dir: Path, solvers: Sequence[str], 
 def _ode_twin(arch: str) -> Optional[str]:
     """The ODE architecture with the parameters of a looped one (``looped_ssog_tiny_patch4_32`` ->
     ``ssog_ode_tiny_patch4_32``); None for an architecture that is not looped."""
-    from ..models.families import FAMILIES, family_of
+    from ..models.families import SETTINGS as FAMILY_SETTINGS, family_of
     family = family_of(arch)
     if family.depth != 'looped':
         return None
-    ode = next(f for f in FAMILIES.values() if f.depth == 'ode' and f.mixer == family.mixer and f.steer == family.steer)
-    return ode.name + arch[len(family.name):]
+    # depth setting -> (SSoG family, dense twin): the ODE family at the looped family's place
+    ode = FAMILY_SETTINGS['ode'][FAMILY_SETTINGS['looped'].index(family.name)]
+    return ode + arch[len(family.name):]
 
 
-def _check_nothing_lost(table: Path, names: Sequence[str]) -> None:
-    """--only rewrites the last table: it must not drop a row the new one will not have (ValueError)."""
-    if not table.is_file():
-        return
-    with open(table, newline='') as f:
-        lost = sorted({r['model'] for r in csv.DictReader(f)} - set(names))
+def _kept_rows(out: Path, keep: Sequence[str], names: Sequence[str], solvers: Sequence[str],
+               test_samples: int) -> List[Dict[str, object]]:
+    """The rows of ``keep`` from ``out``'s elasticity.csv, checked to be at ``solvers`` on ``test_samples`` images
+    (elasticity.md states the number); refused where the new table, rows ``names``, would drop one of its rows."""
+    table, md = out / 'elasticity.csv', out / 'elasticity.md'
+    last: List[Dict[str, str]] = []
+    if table.is_file():
+        with open(table, newline='') as f:
+            last = list(csv.DictReader(f))
+    lost = sorted({r['model'] for r in last} - set(names))
     if lost:
         raise ValueError(f'{table} holds rows that this table would lose ({", ".join(lost)}): rerun with the options '
                          'that made them (--looped-as-ode for the looped weights), or without --only')
-
-
-def _kept_rows(out: Path, keep: Sequence[str], solvers: Sequence[str], test_samples: int) -> List[Dict[str, object]]:
-    """The rows of ``keep`` from ``out``'s elasticity.csv, checked to be at ``solvers`` on ``test_samples`` images
-    (elasticity.md states the number)."""
     if not keep:
         return []
     rerun = 'rerun python -m timm_odevit.hub elasticity without --only'
-    table, md = out / 'elasticity.csv', out / 'elasticity.md'
     if not (table.is_file() and md.is_file()):
         raise ValueError(f'{out} holds no earlier elasticity.csv and .md to keep the other weights\' rows from: '
                          f'{rerun}')
@@ -121,9 +120,8 @@ def _kept_rows(out: Path, keep: Sequence[str], solvers: Sequence[str], test_samp
     if found is None or int(found.group(1)) != test_samples:
         raise ValueError(f'{md} was measured on {found.group(1) if found else "an unstated number of"} test images, '
                          f'not {test_samples}: {rerun}')
-    with open(table, newline='') as f:
-        rows = [{**r, 'steps': int(r['steps']), 'nfe': int(r['nfe']), 'top1': float(r['top1'])}
-                for r in csv.DictReader(f) if r['model'] in keep]
+    rows = [{**r, 'steps': int(r['steps']), 'nfe': int(r['nfe']), 'top1': float(r['top1'])}
+            for r in last if r['model'] in keep]
     want = [parse_solver(s) for s in solvers]
     for name in keep:
         have = [(r['method'], r['steps']) for r in rows if r['model'] == name]
