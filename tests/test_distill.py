@@ -451,6 +451,25 @@ def test_command_state_norm_schedule_and_kd_default(image_folder, tmp_path):
     assert build_task(args, torch.device('cpu')).kd_loss_weight == 0.
 
 
+def test_command_keeps_initial_checkpoint_weights_whole(image_folder, tmp_path):
+    """A guided run that starts from earlier weights (--initial-checkpoint, a next stage) keeps their stem and head:
+    the teacher's are copied into a fresh student only."""
+    import timm
+    from safetensors.torch import save_file
+    from timm_odevit.train.command import build_task, parse_args
+    fresh = build_task(parse_args(command(image_folder, str(tmp_path))), torch.device('cpu'))
+    assert 'patch_embed.proj.weight' in fresh.guidance_summary()['copied_from_teacher']
+    torch.manual_seed(1)
+    earlier = timm.create_model('odevit_tiny_patch4_32', depth=3, num_classes=3, in_chans=3)
+    save_file(earlier.state_dict(), str(tmp_path / 'earlier.safetensors'))
+    args = parse_args(command(image_folder, str(tmp_path), '--initial-checkpoint', str(tmp_path / 'earlier.safetensors')))
+    task = build_task(args, torch.device('cpu'))
+    assert task.guidance_summary()['copied_from_teacher'] == []
+    student = task.get_eval_model()
+    for name in ('patch_embed.proj.weight', 'head.weight', 'cls_token'):
+        assert torch.equal(student.state_dict()[name], earlier.state_dict()[name]), name
+
+
 def test_command_attention_term_defaults_off_for_a_teacher_without_maps(image_folder, tmp_path):
     """An SSoG teacher has no attention maps: the CLS-attention term defaults to 0 (JaSMin, on the student's own
     maps, stays on); asked for explicitly, it is refused with the reason."""

@@ -797,6 +797,26 @@ def test_guided_table_pairs_a_guided_weight_with_its_scratch_twin(tmp_path):
     assert guided_table(tmp_path).splitlines()[2:] == []
 
 
+def test_guided_table_pairs_weights_continued_from_the_same_earlier_stage(tmp_path):
+    """A guided weight continued from earlier weights pairs with the scratch weight continued from the same ones by
+    the same last-stage command without the teacher; an earlier stage trained otherwise is not a pair."""
+    from timm_odevit.hub.table import card_commands, guided_table
+    base = 'dense_vit_tiny_patch4_32'
+    scratch, guided = tmp_path / f'{base}.fmnist', tmp_path / f'{base}.fmnist_distilled'
+    shutil.copytree(REPO_ROOT / 'weights' / scratch.name, scratch)
+    shutil.copytree(scratch, guided)
+    card = guided / 'README.md'
+    last = card_commands(scratch)[-1]
+    assert len(card_commands(scratch)) == 2 and '--initial-checkpoint' in last
+    card.write_text(card.read_text().replace(last, last.replace(f'--model {base} ',
+                                                                f'--model {base} --teacher ssog_vit_tiny_patch4_32 ')))
+    rows = guided_table(tmp_path).splitlines()[2:]
+    assert len(rows) == 1 and rows[0].startswith(f'| `{base}` | `ssog_vit_tiny_patch4_32` | `{scratch.name}` |'), rows
+    first = card_commands(guided)[0]
+    card.write_text(card.read_text().replace(first, first.replace('--seed 0', '--seed 1')))
+    assert guided_table(tmp_path).splitlines()[2:] == []
+
+
 def test_trajectory_of_the_published_students(tmp_path, monkeypatch):
     """hub trajectory reads each guided pair from the published files alone (card command, card times, the teacher
     the card names): the guided student's CLS states follow the teacher's block outputs, its scratch twin's do not;

@@ -11,7 +11,7 @@ from ..models.families import FAMILIES, SETTINGS, Family, family_of
 from ..train import PROG, format_command, read_summary, recorded_args
 from . import CARD_FILE
 
-__all__ = ['card_command', 'card_commands', 'card_facts', 'card_teacher_sha256', 'guided_table', 'learning_curves',
+__all__ = ['card_commands', 'card_facts', 'card_teacher_sha256', 'guided_table', 'learning_curves',
            'matched_table', 'steered_table', 'training_budget', 'weights_table']
 
 _FIELDS = {
@@ -75,12 +75,6 @@ def weights_table(root: Path) -> str:
 def card_commands(repo_dir: Path) -> List[str]:
     """The commands that trained a weight, one per stage in training order, as its card states them."""
     return re.findall(r'command: `([^`]+)`', (Path(repo_dir) / CARD_FILE).read_text(encoding='utf-8'))
-
-
-def card_command(repo_dir: Path) -> Optional[str]:
-    """The command that trained a one-stage weight, as its card states it (None for a multi-stage card)."""
-    commands = card_commands(repo_dir)
-    return commands[0] if len(commands) == 1 else None
 
 
 # a fixed-kernel SSoG model's name where a command names it (a stage starting from an SSoG model of another depth)
@@ -179,11 +173,15 @@ def _training_minutes(repo: Path) -> str:
 
 def guided_pairs(root: Path) -> Iterator[Tuple[str, str, Path, Path]]:
     """(architecture, teacher, scratch weights, guided weights) for each published weight trained with a teacher
-    whose scratch twin (the same architecture under another tag) is published and was trained by the same command
-    without the teacher's options."""
-    # one-stage weights of the training command (older cards name a former command): options and teacher-free recipe
-    commands = [(p, card_command(p)) for p in sorted(Path(root).iterdir()) if p.is_dir()]
-    published = [(p, recorded_args(c), _scratch_command(c)) for p, c in commands if c and f' {PROG} ' in f' {c} ']
+    whose scratch twin (the same architecture under another tag) is published and was trained by the same commands
+    without the teacher's options: stage by stage where a weight was continued from earlier weights (the pair's
+    earlier stages then name the same weights), the teacher guiding the last stage."""
+    # weights of the training command only (older cards name a former command): options and teacher-free recipe
+    published = []
+    for repo in sorted(p for p in Path(root).iterdir() if p.is_dir()):
+        commands = card_commands(repo)
+        if commands and all(f' {PROG} ' in f' {c} ' for c in commands):
+            published.append((repo, recorded_args(commands[-1]), [_scratch_command(c) for c in commands]))
     for guided, args, recipe in published:
         if not args.teacher:
             continue

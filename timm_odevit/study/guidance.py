@@ -370,13 +370,14 @@ def write_weights_trajectory(root: Path, out_dir: Path, test_samples: int = 256,
     the repository) is looked for under ``teacher_root`` (default: the working directory, the repository root): a
     teacher since replaced in ``weights/`` can be laid out from git history in a folder of its own."""
     from safetensors.torch import load_file
-    from ..hub.table import card_command, card_target_times, card_teacher_sha256, guided_pairs
+    from ..hub.table import card_commands, card_target_times, card_teacher_sha256, guided_pairs
     from ..hub.verify import sha256_file
     from ..train import recorded_args
     from ..train.command import build_task
     rows: List[Dict[str, Any]] = []
     for arch, teacher, scratch, guided in guided_pairs(root):
-        args = recorded_args(card_command(guided))
+        args = recorded_args(card_commands(guided)[-1])  # the stage the teacher guided
+        args.initial_checkpoint = ''  # the published weights replace the student's parameters anyway
         if args.teacher_checkpoint:
             named = args.teacher_checkpoint
             args.teacher_checkpoint = str(Path(teacher_root or '.') / named)
@@ -392,7 +393,7 @@ def write_weights_trajectory(root: Path, out_dir: Path, test_samples: int = 256,
                                  'own and pass it as --teacher-root, to measure the trajectory against the teacher '
                                  'that guided it.')
         args.times = ','.join(str(t) for t in card_target_times(guided))
-        args.no_init_from_teacher = True  # the published weights replace the student's parameters anyway
+        args.no_init_from_teacher = True
         task = build_task(args, torch.device('cpu'))
         task.eval()
         student = task.get_eval_model()

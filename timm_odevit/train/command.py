@@ -115,7 +115,8 @@ def _parser() -> argparse.ArgumentParser:
                    help='JaSMin weight (default 1 when the student has attention maps, else 0)')
     g.add_argument('--jasmin-k', type=int, default=2)
     g.add_argument('--jasmin-detach', action='store_true', help="released ODE-ViT code's detached JaSMin (no grad)")
-    g.add_argument('--no-init-from-teacher', action='store_true', help='do not copy stem and head from the teacher')
+    g.add_argument('--no-init-from-teacher', action='store_true',
+                   help='do not copy stem and head from the teacher (never over --initial-checkpoint weights)')
     g.add_argument('--freeze-copied', action='store_true', help='freeze the parts copied from the teacher')
     g = p.add_argument_group('optimisation')
     g.add_argument('--epochs', type=int, default=10)
@@ -258,7 +259,9 @@ def build_task(args: argparse.Namespace, device: torch.device) -> torch.nn.Modul
         jasmin_weight=(1. if has_maps else 0.) if args.jasmin_weight is None else args.jasmin_weight,
         jasmin_k=args.jasmin_k,
         jasmin_detach=args.jasmin_detach,
-        init_from_teacher=not args.no_init_from_teacher,
+        # weights a run starts from (a next stage) are kept whole: the teacher's stem and head would overwrite
+        # the trained ones
+        init_from_teacher=not (args.no_init_from_teacher or args.initial_checkpoint),
         freeze_copied=args.freeze_copied,
         device=device,
     )
