@@ -461,8 +461,9 @@ def test_command_keeps_initial_checkpoint_weights_whole(image_folder, tmp_path):
     assert 'patch_embed.proj.weight' in fresh.guidance_summary()['copied_from_teacher']
     torch.manual_seed(1)
     earlier = timm.create_model('odevit_tiny_patch4_32', depth=3, num_classes=3, in_chans=3)
-    save_file(earlier.state_dict(), str(tmp_path / 'earlier.safetensors'))
-    args = parse_args(command(image_folder, str(tmp_path), '--initial-checkpoint', str(tmp_path / 'earlier.safetensors')))
+    path = str(tmp_path / 'earlier.safetensors')
+    save_file(earlier.state_dict(), path)
+    args = parse_args(command(image_folder, str(tmp_path), '--initial-checkpoint', path))
     task = build_task(args, torch.device('cpu'))
     assert task.guidance_summary()['copied_from_teacher'] == []
     student = task.get_eval_model()
