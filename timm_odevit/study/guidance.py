@@ -377,7 +377,6 @@ def write_weights_trajectory(root: Path, out_dir: Path, test_samples: int = 256,
     rows: List[Dict[str, Any]] = []
     for arch, teacher, scratch, guided in guided_pairs(root):
         args = recorded_args(card_commands(guided)[-1])  # the stage the teacher guided
-        args.initial_checkpoint = ''  # the published weights replace the student's parameters anyway
         if args.teacher_checkpoint:
             named = args.teacher_checkpoint
             args.teacher_checkpoint = str(Path(teacher_root or '.') / named)
@@ -393,7 +392,8 @@ def write_weights_trajectory(root: Path, out_dir: Path, test_samples: int = 256,
                                  'own and pass it as --teacher-root, to measure the trajectory against the teacher '
                                  'that guided it.')
         args.times = ','.join(str(t) for t in card_target_times(guided))
-        args.no_init_from_teacher = True
+        # the published weights replace the student's parameters anyway: nothing to load or copy before them
+        args.initial_checkpoint, args.no_init_from_teacher = '', True
         task = build_task(args, torch.device('cpu'))
         task.eval()
         student = task.get_eval_model()
