@@ -484,3 +484,54 @@ def test_command_attention_term_defaults_off_for_a_teacher_without_maps(image_fo
     assert task.guidance_summary()['weights']['attention'] == 0.
     with pytest.raises(ValueError, match='the teacher has none'):
         build_task(parse_args(argv + ['--attn-weight', '0.25']), torch.device('cpu'))
+
+
+def logit_command(image_folder: str, out: str, *extra: str) -> list:
+    """A discrete ViT student guided by a CNN teacher: the DeiT setting, logit KD alone."""
+    argv = command(image_folder, out, *extra)
+    argv[argv.index('odevit_tiny_patch4_32')] = 'dense_vit_tiny_patch4_32'
+    i = argv.index('--teacher')
+    argv[i + 1:i + 6] = ['resnet10t', '--teacher-kwargs', 'num_classes=3']
+    return argv
+
+
+def test_command_logit_kd_from_a_cnn_teacher(image_folder, tmp_path):
+    """--distill logit: timm's LogitDistillationTask with the command's KD options; the teacher stays as loaded, the
+    record and the card say logit KD, and the per-epoch summary logs the two terms."""
+    from timm.task import LogitDistillationTask
+    from timm_odevit.hub.card import guidance_line
+    from timm_odevit.train.command import build_task, parse_args
+    torch.manual_seed(0)
+    cnn = timm.create_model('resnet10t', num_classes=3)
+    teacher = tmp_path / 'cnn.pth'
+    torch.save(cnn.state_dict(), teacher)
+    argv = logit_command(image_folder, str(tmp_path), '--distill', 'logit', '--teacher-checkpoint', str(teacher),
+                         '--kd-temperature', '2', '--epochs', '1', '--max-steps-per-epoch', '2')
+    task = build_task(parse_args(argv), torch.device('cpu'))
+    assert isinstance(task, LogitDistillationTask)
+    assert (task.temperature, task.distill_loss_weight, task.task_loss_weight) == (2., 1., 1.)
+    results = train_main(argv)
+    assert results['guidance']['mode'] == 'logit' and results['guidance']['kd_temperature'] == 2.
+    with open(tmp_path / 'run' / 'summary.csv') as f:
+        row = next(csv.DictReader(f))
+    assert float(row['train_kd_loss']) > 0 and float(row['train_task_loss']) > 0
+    ckpt = torch.load(tmp_path / 'run' / 'last.pth.tar', map_location='cpu', weights_only=False)
+    assert not any(k.startswith('teacher') for k in ckpt['state_dict'])  # the student alone is saved
+    line = guidance_line({'teacher': 'resnet10t', 'distill': 'logit', 'kd_temperature': 2.}, results['guidance'])
+    assert 'logit KD alone' in line and '1 x logit KD (T=2)' in line
+
+
+def test_command_refuses_what_a_distillation_mode_cannot_do(image_folder, tmp_path, capsys):
+    """A CNN teacher cannot guide a trajectory (no class token): the error points to --distill logit; logit KD
+    refuses the trajectory options (they would be silently ignored) and a teacher of other classes."""
+    from timm_odevit.train.command import build_task, parse_args
+    with pytest.raises(ValueError, match='Use --distill logit'):
+        build_task(parse_args(logit_command(image_folder, str(tmp_path))), torch.device('cpu'))
+    with pytest.raises(SystemExit):
+        parse_args(logit_command(image_folder, str(tmp_path), '--distill', 'logit', '--state-weight', '0.3',
+                                 '--times', 'paper'))
+    assert '--times, --state-weight steer trajectory distillation' in capsys.readouterr().err
+    argv = logit_command(image_folder, str(tmp_path), '--distill', 'logit')
+    argv[argv.index('num_classes=3')] = 'num_classes=5'
+    with pytest.raises(ValueError, match='the teacher predicts 5 classes, the student 3'):
+        build_task(parse_args(argv), torch.device('cpu'))

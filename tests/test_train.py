@@ -281,3 +281,21 @@ def test_data_on_device_trains_on_the_loaders_images(tmp_path):
     through_loader = main(command(tmp_path, *args))
     assert through_loader['loss'] == pytest.approx(on_device['loss'], rel=1e-5)
     assert through_loader['top1'] == on_device['top1'] and on_device['history'][0]['train_loss'] > 0
+
+
+def test_img_size_sets_a_cnns_input_and_refuses_a_vits_other_size(tmp_path, monkeypatch):
+    """--img-size: a timm CNN trains at the size given (its cfg says 224, timm's train.py default); a ViT built for
+    32 px refuses another size and names the option that builds it for that size."""
+    import timm_odevit.train.command as cmd
+    argv = command(tmp_path, '--epochs', '1', '--max-steps-per-epoch', '1', '--img-size', '16')
+    argv[argv.index(ARCH) + 1:argv.index(ARCH) + 3] = []  # resnet10t takes no depth=2
+    argv[argv.index(ARCH)] = 'resnet10t'
+    task = cmd.build_task(parse_args(argv), torch.device('cpu'))
+    seen = []
+    task.get_eval_model().register_forward_pre_hook(lambda m, a: seen.append(tuple(a[0].shape[1:])))
+    monkeypatch.setattr(cmd, 'build_task', lambda args, device: task)  # the task whose inputs are watched
+    main(argv)
+    assert seen and set(seen) == {(1, 16, 16)}
+    monkeypatch.undo()
+    with pytest.raises(ValueError, match='--model-kwargs img_size=64'):
+        main(command(tmp_path, '--epochs', '1', '--img-size', '64'))

@@ -23,6 +23,11 @@ def evaluate_command(folder: str, data: str, solver: Optional[str] = None) -> st
     return f'python -m timm_odevit.hub evaluate {folder} --data {data}' + (f' --solver {solver}' if solver else '')
 
 
+def _guidance_kind(recipe: Dict[str, str]) -> str:
+    lines = [v for k, v in recipe.items() if k.endswith('teacher guidance')]
+    return 'logit distillation' if any('logit KD alone' in v for v in lines) else 'trajectory distillation'
+
+
 def guidance_line(args: Dict[str, Any], guidance: Optional[Dict[str, Any]] = None) -> str:
     """A teacher-guided run's guidance as one card line: the teacher, where its targets sit on the student's depth
     axis and the loss as trained. ``guidance``: the run's record (``results.json``: the task's
@@ -33,6 +38,12 @@ def guidance_line(args: Dict[str, Any], guidance: Optional[Dict[str, Any]] = Non
         teacher += f' (weights `{args["teacher_checkpoint"]}`' + (f', sha256 {sha})' if sha else ')')
     if args.get('teacher_kwargs'):
         teacher += ', kwargs ' + ' '.join(f'{k}={v}' for k, v in dict(args['teacher_kwargs']).items())
+    if args.get('distill') == 'logit':
+        # logit KD alone: no targets on a depth axis, only the class scores
+        w = (guidance or {}).get('weights') or {'label': args.get('ce_weight', 1.),
+                                               'logit_kd': 1. if args.get('kd_weight') is None else args['kd_weight']}
+        return (f"{teacher}; logit KD alone (timm's LogitDistillationTask): loss = {w['label']:g} x label loss + "
+                f"{w['logit_kd']:g} x logit KD (T={args.get('kd_temperature', 1.):g})")
     if not guidance:
         return teacher + '; loss weights and times as the command gives them (the run recorded no resolved values)'
     w = guidance['weights']
@@ -188,7 +199,7 @@ def model_card(
         'tags': ['image-classification', 'timm', 'timm_odevit'],
         'license': 'apache-2.0',
         'description': description or (
-            f'`{arch}` trained ' + ('guided by a teacher (trajectory distillation)' if guided else start)
+            f'`{arch}` trained ' + (f'guided by a teacher ({_guidance_kind(recipe)})' if guided else start)
             + f' on {DATASET} (28x28 grey clothing images, 10 classes, resized to {size[-1]} px) on a CPU; the '
             'training recipe and the measured top-1 are below.'),
         'details': details,

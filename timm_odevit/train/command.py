@@ -31,7 +31,8 @@ from timm.loss import LabelSmoothingCrossEntropy
 from timm.models import load_checkpoint
 from timm.optim import create_optimizer_v2
 from timm.scheduler import create_scheduler_v2
-from timm.task import ClassificationTask, DistillationTeacher, load_task_ema_checkpoint, resume_task_checkpoint
+from timm.task import (
+    ClassificationTask, DistillationTeacher, LogitDistillationTask, load_task_ema_checkpoint, resume_task_checkpoint)
 from timm.utils import (
     CheckpointSaver, ParseKwargs, dispatch_clip_grad, get_outdir, random_seed,
     setup_default_logging, unwrap_model, update_summary,
@@ -41,6 +42,7 @@ from timm.utils.distributed import init_distributed_device_so
 from ..data import FASHION_MNIST_MEAN, FASHION_MNIST_STD, DeviceBatches, augment_batch, build_dataset
 from ..distill import LOSS_KEYS, STATE_NORMS, TrajectoryDistillationTask, find_attention_module, indices_to_times
 from ..evaluate import evaluate
+from ..models import DepthVisionTransformer
 from .checkpoint import checkpoint_args, read_checkpoint
 
 __all__ = ['parse_args', 'build_task', 'distillation_options', 'format_command', 'main', 'read_summary',
@@ -51,6 +53,10 @@ _console_logging = False
 
 PROG = 'python -m timm_odevit.train'
 # where a run reads and writes and how it logs, not what it trains: a card's command leaves them out
+DISTILL_MODES = ('trajectory', 'logit')
+# the options logit KD uses; every other distillation option steers the trajectory terms only
+LOGIT_KD_OPTIONS = ('teacher', 'teacher_checkpoint', 'teacher_kwargs', 'distill', 'kd_weight', 'kd_temperature',
+                    'ce_weight')
 RUN_PLACE_OPTIONS = ('output', 'experiment', 'resume', 'log_interval', 'checkpoint_hist', 'device', 'workers',
                      'data_dir')
 # options a resumed run must share with its checkpoint: anything else would load into another model
@@ -81,6 +87,9 @@ def _parser() -> argparse.ArgumentParser:
     g.add_argument('--val-split', default='test')
     g.add_argument('--train-samples', type=int, default=None, help='train on a fixed random subset of this size')
     g.add_argument('--val-samples', type=int, default=None, help='validate on a fixed random subset of this size')
+    g.add_argument('--img-size', type=int, default=None,
+                   help="input size in px (default: the size a ViT was built for, else the model cfg's, as timm's "
+                        "train.py: 224 for a timm CNN)")
     g.add_argument('--mean', type=float, nargs='+', default=None, help="input mean (default: the model cfg's)")
     g.add_argument('--std', type=float, nargs='+', default=None, help="input std (default: the model cfg's)")
     g.add_argument('--augment', action='store_true',
@@ -94,6 +103,11 @@ def _parser() -> argparse.ArgumentParser:
     g.add_argument('--teacher-checkpoint', default='', help='weights for the teacher (a checkpoint this command saved)')
     g.add_argument('--teacher-kwargs', nargs='*', default={}, action=ParseKwargs, metavar='K=V',
                    help='e.g. img_size=32 patch_size=4')
+    g.add_argument('--distill', default='trajectory', choices=DISTILL_MODES,
+                   help="'trajectory': the teacher's block outputs guide the student's depth trajectory (a ViT "
+                        "teacher, an odevit/ssog/looped student); 'logit': logit KD alone (timm's "
+                        "LogitDistillationTask: any teacher and student sharing the label set, e.g. a CNN teacher "
+                        "for a discrete ViT, as DeiT)")
     g.add_argument('--times', default='uniform', help="'uniform', 'paper', or comma-separated student times")
     g.add_argument('--time-indices', default=None, help='comma-separated solver grid indices instead of times')
     g.add_argument('--teacher-indices', default=None, help='teacher blocks to distil (comma list, or n = last n)')
@@ -162,10 +176,17 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if not 0. <= args.smoothing < 1.:
         p.error(f'--smoothing must be in [0, 1), got {args.smoothing}.')
-    for name in ('epochs', 'batch_size', 'train_samples', 'val_samples', 'max_steps_per_epoch'):
+    for name in ('epochs', 'batch_size', 'train_samples', 'val_samples', 'max_steps_per_epoch', 'img_size'):
         value = getattr(args, name)
         if value is not None and value < 1:
             p.error(f'--{name.replace("_", "-")} must be at least 1, got {value}.')
+    if args.teacher and args.distill == 'logit':
+        defaults = {a.dest: a.default for a in p._actions}  # argparse exposes no public map of defaults
+        unused = [f'--{k.replace("_", "-")}' for k in distillation_options()
+                  if k not in LOGIT_KD_OPTIONS and getattr(args, k) != defaults[k]]
+        if unused:
+            p.error(f'{", ".join(unused)} steer trajectory distillation; --distill logit uses --kd-weight, '
+                    '--kd-temperature and --ce-weight only.')
     if args.data_dir is not None and not os.path.isdir(args.data_dir):
         p.error(f'--data-dir {args.data_dir} does not exist.')
     for name in ('resume', 'initial_checkpoint', 'teacher_checkpoint'):
@@ -230,6 +251,18 @@ def build_task(args: argparse.Namespace, device: torch.device) -> torch.nn.Modul
     same_labels = getattr(teacher, 'num_classes', None) == model.num_classes
     teacher_maps = find_attention_module(teacher) is not None  # an SSoG teacher has none
     teacher = DistillationTeacher(teacher, device=device)
+    if args.distill == 'logit':
+        if not same_labels:
+            raise ValueError(f'--distill logit matches class scores: the teacher predicts {teacher.model.num_classes} '
+                             f'classes, the student {model.num_classes}. Give the teacher --teacher-kwargs '
+                             f'num_classes={model.num_classes} and weights trained on them.')
+        return LogitDistillationTask(
+            model, teacher, criterion=criterion, temperature=args.kd_temperature, device=device,
+            distill_loss_weight=1. if args.kd_weight is None else args.kd_weight, task_loss_weight=args.ce_weight)
+    if not isinstance(model, DepthVisionTransformer) or getattr(teacher.model, 'cls_token', None) is None:
+        raise ValueError(f'--distill trajectory matches class-token states along a timm_odevit student\'s depth: '
+                         f'{args.model} guided by {args.teacher} cannot (a CNN teacher, a student of another '
+                         'family). Use --distill logit for logit KD alone.')
     mixer = model.trunk.field_blocks()[-1].mixer
     has_maps = bool(getattr(mixer, 'supports_attn_maps', False))
     times: Any = args.times
@@ -300,7 +333,8 @@ def _state_digest(module: torch.nn.Module) -> str:
     h = hashlib.sha256()
     for k, v in unwrap_model(module).state_dict().items():
         h.update(k.encode())
-        h.update(v.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
+        # reshape(-1): a 0-dim buffer (BatchNorm's num_batches_tracked) has no byte view of its own
+        h.update(v.detach().cpu().reshape(-1).contiguous().view(torch.uint8).numpy().tobytes())
     return h.hexdigest()
 
 
@@ -355,6 +389,13 @@ def _history_before(run_dir: str, start_epoch: int) -> List[Dict[str, Any]]:
     return history
 
 
+def _loss_terms(task: torch.nn.Module) -> Tuple[str, ...]:
+    """The loss terms a task returns besides 'loss' (a fixed set per task: the log's columns)."""
+    if isinstance(task, TrajectoryDistillationTask):
+        return LOSS_KEYS
+    return ('task_loss', 'kd_loss') if isinstance(task, LogitDistillationTask) else ()
+
+
 def _means(sums: Dict[str, torch.Tensor], count: int) -> Dict[str, float]:
     return {k: float(v) / max(count, 1) for k, v in sums.items()}
 
@@ -396,9 +437,15 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
     # inputs are normalised as the trained model's cfg says; a distillation task re-normalises them for the teacher
     # (DistillationTeacher.normalize_input), so a teacher trained here by this command sees what it was trained on
     data_cfg = resolve_data_config({}, model=model)
-    if getattr(getattr(model, 'patch_embed', None), 'img_size', None):
+    built_size = getattr(getattr(model, 'patch_embed', None), 'img_size', None)
+    if built_size:
         # a model built with img_size=32 keeps its 224-px pretrained cfg: the built size is what it accepts
-        data_cfg['input_size'] = (args.in_chans, *model.patch_embed.img_size)
+        data_cfg['input_size'] = (args.in_chans, *built_size)
+    if args.img_size:
+        if built_size and tuple(built_size) != (args.img_size, args.img_size):
+            raise ValueError(f'--img-size {args.img_size}: {args.model} was built for {tuple(built_size)} inputs; '
+                             f'build it for this size with --model-kwargs img_size={args.img_size}.')
+        data_cfg['input_size'] = (args.in_chans, args.img_size, args.img_size)
     mean, std = input_stats(args, data_cfg)
     random_seed(args.seed, rank)  # per-rank randomness from here on (dropout, augmentation)
 
@@ -475,7 +522,7 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
         random_seed(args.seed + 1000 * epoch, rank)
         task.train()
         # loss sums stay on the device: reading one back every step would stall a GPU's queue
-        loss_sums = {k: torch.zeros((), device=device) for k in ('loss',) + (LOSS_KEYS if args.teacher else ())}
+        loss_sums = {k: torch.zeros((), device=device) for k in ('loss',) + _loss_terms(task)}
         t0 = time.time()
         seen = 0
         for step, (x, y) in enumerate(loader_train):
@@ -533,7 +580,11 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
     results.update(loaded_sha256)
     if isinstance(task, TrajectoryDistillationTask):
         # the guidance as trained (defaults resolved, times calibrated): the card states it from here
-        results['guidance'] = {**task.guidance_summary(),
+        results['guidance'] = {'mode': 'trajectory', **task.guidance_summary(),
+                               'teacher_checkpoint_sha256': loaded_sha256.get('teacher_checkpoint_sha256')}
+    elif isinstance(task, LogitDistillationTask):
+        results['guidance'] = {'mode': 'logit', 'kd_temperature': task.temperature,
+                               'weights': {'label': task.task_loss_weight, 'logit_kd': task.distill_loss_weight},
                                'teacher_checkpoint_sha256': loaded_sha256.get('teacher_checkpoint_sha256')}
     if primary:
         with open(os.path.join(output_dir, 'results.json'), 'w') as f:
