@@ -38,10 +38,10 @@ PathLike = Union[str, os.PathLike]
 
 DEBIAN_FASHION_MNIST = Path('/usr/share/datasets/fashion-mnist')
 # the sample ships with the repository (tests and demo); a wheel install does not carry it
-_CHECKOUT_SAMPLE = Path(__file__).resolve().parent.parent / 'tests' / 'data' / 'fashion_mnist_sample'
+_CHECKOUT_SAMPLE = Path(__file__).resolve().parents[2] / 'tests' / 'data' / 'fashion_mnist_sample'
 # a normal (non-editable) install has no checkout beside it: the wheel carries the sample inside the package
 # (setup.py bundles it into hub.demo's BUNDLE_DIR)
-_BUNDLED_SAMPLE = Path(__file__).resolve().parent / '_bundled' / 'fashion_mnist_sample'  # hub.demo's names
+_BUNDLED_SAMPLE = Path(__file__).resolve().parents[1] / '_bundled' / 'fashion_mnist_sample'  # hub.demo's names
 SAMPLE_DIR = _CHECKOUT_SAMPLE if _CHECKOUT_SAMPLE.is_dir() else _BUNDLED_SAMPLE
 # split -> (images, labels) file names as torchvision expects them under raw/
 IDX_FILES = {
@@ -448,29 +448,3 @@ def make_sample(
     _write_idx(dst / f'{IDX_FILES["test"][0]}.gz', images)
     _write_idx(dst / f'{IDX_FILES["test"][1]}.gz', labels)
     return {'indices': idx.tolist(), 'class_counts': np.bincount(labels, minlength=10).tolist(), 'seed': seed}
-
-
-def _main(argv: Optional[Sequence[str]] = None) -> None:
-    import argparse
-    p = argparse.ArgumentParser(prog='python -m timm_odevit.data', description=__doc__.split('\n')[0])
-    sub = p.add_subparsers(dest='cmd', required=True)
-    lay = sub.add_parser('layout', help='lay IDX files out as <root>/FashionMNIST/raw/')
-    lay.add_argument('--src', default=None, help='folder of IDX files (default: Debian package, else the sample)')
-    lay.add_argument('--root', default='data')
-    smp = sub.add_parser('sample', help='write the seeded test sample')
-    smp.add_argument('--src', default=str(DEBIAN_FASHION_MNIST))
-    smp.add_argument('--dst', default=str(SAMPLE_DIR))
-    smp.add_argument('-n', type=int, default=1000)
-    smp.add_argument('--seed', type=int, default=0)
-    args = p.parse_args(argv)
-    if args.cmd == 'layout':
-        root = layout_fashion_mnist(args.src, args.root)
-        print(f'{root}/FashionMNIST/raw ready: torchvision FashionMNIST(root={str(root)!r}) or timm '
-              f'--dataset torch/fashion_mnist --data-dir {root}')
-    else:
-        info = make_sample(args.src, args.dst, args.n, args.seed)
-        print(f'wrote {args.n} test images (seed {args.seed}) to {args.dst}; classes {info["class_counts"]}')
-
-
-if __name__ == '__main__':
-    _main()
