@@ -814,6 +814,11 @@ def test_guided_table_pairs_weights_continued_from_the_same_earlier_stage(tmp_pa
                                                                 f'--model {base} --teacher ssog_vit_tiny_patch4_32 ')))
     rows = guided_table(tmp_path).splitlines()[2:]
     assert len(rows) == 1 and rows[0].startswith(f'| `{base}` | `ssog_vit_tiny_patch4_32` | `{scratch.name}` |'), rows
+    # logit KD alone guided no trajectory: a teacher made so is not a row of the guided table
+    trajectory = card.read_text()
+    card.write_text(trajectory.replace('--teacher ssog_vit_tiny_patch4_32 ', '--teacher resnet18 --distill logit '))
+    assert guided_table(tmp_path).splitlines()[2:] == []
+    card.write_text(trajectory)
     first = card_commands(guided)[0]
     card.write_text(card.read_text().replace(first, first.replace('--seed 0', '--seed 1')))
     assert guided_table(tmp_path).splitlines()[2:] == []

@@ -175,7 +175,7 @@ def guided_pairs(root: Path) -> Iterator[Tuple[str, str, Path, Path]]:
     """(architecture, teacher, scratch weights, guided weights) for each published weight trained with a teacher
     whose scratch twin (the same architecture under another tag) is published and was trained by the same commands
     without the teacher's options: stage by stage where a weight was continued from earlier weights (the pair's
-    earlier stages then name the same weights), the teacher guiding the last stage."""
+    earlier stages then name the same weights), the teacher guiding the last stage's trajectory."""
     # weights of the training command only (older cards name a former command): options and teacher-free recipe
     published = []
     for repo in sorted(p for p in Path(root).iterdir() if p.is_dir()):
@@ -183,8 +183,8 @@ def guided_pairs(root: Path) -> Iterator[Tuple[str, str, Path, Path]]:
         if commands and all(f' {PROG} ' in f' {c} ' for c in commands):
             published.append((repo, recorded_args(commands[-1]), [_scratch_command(c) for c in commands]))
     for guided, args, recipe in published:
-        if not args.teacher:
-            continue
+        if not args.teacher or args.distill != 'trajectory':
+            continue  # logit KD alone (--distill logit) made a teacher, not a guided trajectory
         arch = guided.name.partition('.')[0]
         for scratch, other_args, other_recipe in published:
             if scratch.name.partition('.')[0] == arch and not other_args.teacher and other_recipe == recipe:

@@ -377,8 +377,6 @@ def write_weights_trajectory(root: Path, out_dir: Path, test_samples: int = 256,
     rows: List[Dict[str, Any]] = []
     for arch, teacher, scratch, guided in guided_pairs(root):
         args = recorded_args(card_commands(guided)[-1])  # the stage the teacher guided
-        if args.distill != 'trajectory':
-            continue  # logit KD alone: no states were matched, so there is no trajectory to compare
         if args.teacher_checkpoint:
             named = args.teacher_checkpoint
             args.teacher_checkpoint = str(Path(teacher_root or '.') / named)
