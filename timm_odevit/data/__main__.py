@@ -27,6 +27,5 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
         print(f'wrote {args.n} test images (seed {args.seed}) to {args.dst}; classes {info["class_counts"]}')
 
 
-
 if __name__ == '__main__':
     main()

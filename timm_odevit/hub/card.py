@@ -42,8 +42,9 @@ def guidance_line(args: Dict[str, Any], guidance: Optional[Dict[str, Any]] = Non
         # logit KD alone: no targets on a depth axis, only the class scores
         w = (guidance or {}).get('weights') or {'label': args.get('ce_weight', 1.),
                                                'logit_kd': 1. if args.get('kd_weight') is None else args['kd_weight']}
+        temperature = (guidance or {}).get('kd_temperature', args.get('kd_temperature', 1.))
         return (f"{teacher}; logit KD alone (timm's LogitDistillationTask): loss = {w['label']:g} x label loss + "
-                f"{w['logit_kd']:g} x logit KD (T={args.get('kd_temperature', 1.):g})")
+                f"{w['logit_kd']:g} x logit KD (T={temperature:g})")
     if not guidance:
         return teacher + '; loss weights and times as the command gives them (the run recorded no resolved values)'
     w = guidance['weights']

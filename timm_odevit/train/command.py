@@ -52,11 +52,11 @@ _logger = logging.getLogger('timm_odevit.train')
 _console_logging = False
 
 PROG = 'python -m timm_odevit.train'
-# where a run reads and writes and how it logs, not what it trains: a card's command leaves them out
 DISTILL_MODES = ('trajectory', 'logit')
 # the options logit KD uses; every other distillation option steers the trajectory terms only
 LOGIT_KD_OPTIONS = ('teacher', 'teacher_checkpoint', 'teacher_kwargs', 'distill', 'kd_weight', 'kd_temperature',
                     'ce_weight')
+# where a run reads and writes and how it logs, not what it trains: a card's command leaves them out
 RUN_PLACE_OPTIONS = ('output', 'experiment', 'resume', 'log_interval', 'checkpoint_hist', 'device', 'workers',
                      'data_dir')
 # options a resumed run must share with its checkpoint: anything else would load into another model
