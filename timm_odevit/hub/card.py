@@ -15,17 +15,14 @@ __all__ = ['DATASET', 'RECIPE', 'card_stages', 'evaluate_command', 'guidance_lin
 
 DATASET = 'Fashion-MNIST'
 RECIPE = 'Training recipe'  # the card's heading of the recipe lines
+# how a teacher line of a --distill logit run starts its loss: the card's description reads the kind back from it
+LOGIT_KD = "logit KD alone (timm's LogitDistillationTask)"
 _STAGE_KEY = re.compile(r'stage (\d+) of \d+, (.+)')
 
 
 def evaluate_command(folder: str, data: str, solver: Optional[str] = None) -> str:
     """The command that measures a card's top-1: ``python -m timm_odevit.hub evaluate``."""
     return f'python -m timm_odevit.hub evaluate {folder} --data {data}' + (f' --solver {solver}' if solver else '')
-
-
-def _guidance_kind(recipe: Dict[str, str]) -> str:
-    lines = [v for k, v in recipe.items() if k.endswith('teacher guidance')]
-    return 'logit distillation' if any('logit KD alone' in v for v in lines) else 'trajectory distillation'
 
 
 def guidance_line(args: Dict[str, Any], guidance: Optional[Dict[str, Any]] = None) -> str:
@@ -39,12 +36,12 @@ def guidance_line(args: Dict[str, Any], guidance: Optional[Dict[str, Any]] = Non
     if args.get('teacher_kwargs'):
         teacher += ', kwargs ' + ' '.join(f'{k}={v}' for k, v in dict(args['teacher_kwargs']).items())
     if args.get('distill') == 'logit':
-        # logit KD alone: no targets on a depth axis, only the class scores
-        w = (guidance or {}).get('weights') or {'label': args.get('ce_weight', 1.),
-                                               'logit_kd': 1. if args.get('kd_weight') is None else args['kd_weight']}
-        temperature = (guidance or {}).get('kd_temperature', args.get('kd_temperature', 1.))
-        return (f"{teacher}; logit KD alone (timm's LogitDistillationTask): loss = {w['label']:g} x label loss + "
-                f"{w['logit_kd']:g} x logit KD (T={temperature:g})")
+        # no targets on a depth axis, only the class scores
+        if not guidance:
+            return f'{teacher}; {LOGIT_KD}; loss weights as the command gives them (the run recorded none resolved)'
+        w = guidance['weights']
+        return (f"{teacher}; {LOGIT_KD}: loss = {w['label']:g} x label loss + {w['logit_kd']:g} x logit KD "
+                f"(T={guidance['kd_temperature']:g})")
     if not guidance:
         return teacher + '; loss weights and times as the command gives them (the run recorded no resolved values)'
     w = guidance['weights']
@@ -190,7 +187,8 @@ def model_card(
         "# timm's validate.py: python -m timm_odevit.run validate.py --dataset torch/fashion_mnist \\\n"
         f"#   --data-dir DATA --split test --model {arch}.{tag} --pretrained --in-chans 1\n```\n")
     keys = list(recipe or {})
-    guided = any(k.endswith('teacher guidance') for k in keys)
+    guidance = [v for k, v in (recipe or {}).items() if k.endswith('teacher guidance')]
+    kind = 'logit distillation' if any(LOGIT_KD in v for v in guidance) else 'trajectory distillation'
     stages = len({m.group(1) for m in map(_STAGE_KEY.fullmatch, keys) if m})
     if any(k == 'initialised from' or (k.startswith('stage 1 of ') and k.endswith(', initialised from')) for k in keys):
         start = 'from other weights'  # its first stage started from weights whose recipe is not known
@@ -200,7 +198,7 @@ def model_card(
         'tags': ['image-classification', 'timm', 'timm_odevit'],
         'license': 'apache-2.0',
         'description': description or (
-            f'`{arch}` trained ' + (f'guided by a teacher ({_guidance_kind(recipe)})' if guided else start)
+            f'`{arch}` trained ' + (f'guided by a teacher ({kind})' if guidance else start)
             + f' on {DATASET} (28x28 grey clothing images, 10 classes, resized to {size[-1]} px) on a CPU; the '
             'training recipe and the measured top-1 are below.'),
         'details': details,
