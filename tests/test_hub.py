@@ -482,22 +482,75 @@ def test_export_in_half_precision_measures_the_stored_weights(tmp_path, monkeypa
     assert 'byte-identical' in lines[1] and 'DIFFERS' not in '\n'.join(lines)
 
 
-def test_card_measures_an_ode_weight_also_on_its_training_grid():
-    """An ODE weight trained on another grid gets a second top-1 per test set, solved as trained, with the command
-    that reproduces it; the model is left at its registered solver."""
+def test_card_measures_an_ode_weight_also_at_its_architectures_default_solver():
+    """An ODE weight trained on another grid than its architecture's default is measured as it is solved (what
+    pretrained=True gives) and, on each test set, at that default too, with the command that reproduces each; the
+    model is left solved as it came."""
     from timm_odevit.evaluate import evaluate
-    from timm_odevit.hub.export import measure
-    model = timm.create_model(f'local-dir:{WEIGHTS / "ssog_ode_tiny_patch4_32.fmnist"}', pretrained=True)
-    folder = 'weights/ssog_ode_tiny_patch4_32.fmnist'
-    metrics = measure(model, folder, full_test=False, trained_ode_steps=5)
-    sample, trained = list(metrics)
-    assert trained == f'{sample}, solved as trained (5 Euler steps)' and model.trunk.steps == 12
-    assert metrics[trained]['command'].endswith('--data sample --solver euler:5')
+    from timm_odevit.hub.export import architecture_solver, measure
+    arch = 'ssog_ode_tiny_patch4_32'
+    model = timm.create_model(f'local-dir:{WEIGHTS / f"{arch}.fmnist"}', pretrained=True, ode_steps=5)
+    default = architecture_solver(arch, model)
+    assert (default['method'], default['steps']) == ('euler', 12)
+    metrics = measure(model, f'weights/{arch}.fmnist', full_test=False, other_solver=default)
+    sample, other = list(metrics)
+    assert other == f"{sample}, at the architecture's default solver (euler, 12 steps)" and model.trunk.steps == 5
+    assert metrics[sample]['command'].endswith('--data sample')
+    assert metrics[other]['command'].endswith('--data sample --solver euler:12')
     images = fm.load_tensors(fm.SAMPLE_DIR, 'test', model=model)
-    model.set_solver(steps=5)
-    assert metrics[trained]['correct'] == evaluate(model, images)['correct']
+    assert metrics[sample]['correct'] == evaluate(model, images)['correct']
     model.set_solver(steps=12)
-    assert list(measure(model, folder, full_test=False, trained_ode_steps=12)) == [sample]  # trained as registered
+    assert metrics[other]['correct'] == evaluate(model, images)['correct']
+    assert architecture_solver(arch, model) is None  # at the default: one figure per test set
+    assert architecture_solver('ssog_vit_tiny_patch4_32', timm.create_model('ssog_vit_tiny_patch4_32')) is None
+
+
+def test_an_ode_tag_solves_as_its_weights_were_trained_by_every_route(tmp_path):
+    """A tag whose weights trained on another grid than the architecture's default is solved on that grid by name and
+    through its config.json (local-dir:, hf-hub:) alike, as its card's last command trained it; a solver kwarg the
+    caller passes wins, the untagged architecture keeps its default, and a re-serialised model keeps the grid."""
+    from timm_odevit.hub.export import trained_solver
+    from timm_odevit.hub.table import card_commands
+    from timm_odevit.models.pretrained import TAG_MODEL_ARGS, tag_model_args
+    from timm_odevit.train import recorded_args
+    for repo in REPOS:
+        arch, tag = repo.split('.')
+        config = json.loads((WEIGHTS / repo / 'config.json').read_text())
+        trained = trained_solver(recorded_args(card_commands(WEIGHTS / repo)[-1]).model_kwargs)
+        assert trained_solver(config['model_args']) == trained == tag_model_args(arch, tag), repo
+    assert set(TAG_MODEL_ARGS) <= set(REPOS)
+    name = 'ssog_ode_tiny_patch4_32.fmnist'
+    steps = TAG_MODEL_ARGS[name]['ode_steps']
+    assert timm.create_model(name).trunk.steps == steps != timm.create_model(name.split('.')[0]).trunk.steps
+    assert timm.create_model(f'local-dir:{WEIGHTS / name}').trunk.steps == steps
+    assert timm.create_model(name, ode_steps=12).trunk.steps == 12
+    timm.models.save_for_hf(timm.create_model(name), str(tmp_path), safe_serialization=True)
+    assert json.loads((tmp_path / 'config.json').read_text())['model_args']['ode_steps'] == steps
+
+
+def test_remeasure_rerenders_a_folder_at_the_solver_it_trained_with(tmp_path):
+    """`hub remeasure` re-measures a published folder at the solver its last stage trained with and re-renders its
+    card (the recipe kept) and config.json; the weights file keeps its bytes and the folder verifies."""
+    from timm_odevit.hub.__main__ import evaluate_folder, main as hub_main
+    from timm_odevit.hub.card import card_stages
+    name = 'ssog_ode_tiny_patch4_32.fmnist'
+    repo = tmp_path / 'weights' / name
+    shutil.copytree(WEIGHTS / name, repo)
+    config = json.loads((repo / 'config.json').read_text())
+    config['model_args'].pop('ode_steps', None)  # as exported before the export kept the trained solver
+    (repo / 'config.json').write_text(json.dumps(config))
+    before = (repo / 'README.md').read_text()
+    assert hub_main(['remeasure', str(repo), '--no-full']) == 0
+    assert json.loads((repo / 'config.json').read_text())['model_args']['ode_steps'] == 23
+    card = (repo / 'README.md').read_text()
+    assert card_stages(card) == card_stages(before) and '- **ODE solver:** euler, 23 steps (' in card
+    assert sha256_of(repo / 'model.safetensors') == sha256_of(WEIGHTS / name / 'model.safetensors')
+    assert all(not errs for errs in verify_root(tmp_path / 'weights').values())
+    correct = re.search(r'sample \(1,000 test images, bundled\): top-1 [\d.]+% \((\d+)/', card).group(1)
+    assert evaluate_folder(str(repo), 'sample')['correct'] == int(correct)
+    (repo / 'README.md').write_text('no recipe here')
+    with pytest.raises(ValueError, match='states no recipe'):
+        hub_main(['remeasure', str(repo), '--no-full'])
 
 
 def test_demo_prints_top1_through_mirror(capsys):
@@ -667,15 +720,15 @@ def test_training_budget_from_cards(tmp_path):
         training_budget(card)
 
 
-def test_weights_table_gives_an_ode_weights_training_grid_top1(tmp_path):
-    """The weights table's top-1 is at the registered solver; an ODE weight trained on another grid has its full-test
-    top-1 there beside it, read from its card; other weights show '-'."""
+def test_weights_table_gives_an_ode_weights_top1_at_the_architectures_default_solver(tmp_path):
+    """The weights table's top-1 is as pretrained=True solves it; an ODE weight trained on another grid than its
+    architecture's default has its full-test top-1 at that default beside it, read from its card; others show '-'."""
     from timm_odevit.hub.table import weights_table
     for name in ('dense_vit_tiny_patch4_32.fmnist', 'odevit_tiny_patch4_32.fmnist'):
         shutil.copytree(REPO_ROOT / 'weights' / name, tmp_path / name)
     card = tmp_path / 'odevit_tiny_patch4_32.fmnist' / 'README.md'
-    text, n = re.subn(r'(test set \(10,000 images\), solved as trained \()\d+( Euler steps\): top-1 )[\d.]+%',
-                      r'\g<1>17\g<2>77.77%', card.read_text())
+    text, n = re.subn(r"(test set \(10,000 images\), at the architecture's default solver \(euler, )\d+"
+                      r'( steps\): top-1 )[\d.]+%', r'\g<1>17\g<2>77.77%', card.read_text())
     assert n == 1
     card.write_text(text)
     dense, ode = weights_table(tmp_path).splitlines()[2:]
@@ -729,9 +782,9 @@ def test_matched_table_pairs_ode_weights_started_from_their_looped_twins(tmp_pat
     assert matched_table(tmp_path).splitlines()[2:] == []
 
 
-def test_matched_table_gives_an_ode_pairs_training_grid(tmp_path):
-    """An ODE pair trained on another grid than the registered one is compared at both: the registered solver that
-    pretrained=True gives and the grid both were trained on."""
+def test_matched_table_gives_an_ode_pair_at_the_architectures_default_solver_too(tmp_path):
+    """An ODE pair trained on another grid than its architectures' default is compared at both: the grid both were
+    trained on, which pretrained=True gives, and the default."""
     from timm_odevit.hub.table import card_facts, matched_table
     dense = tmp_path / 'odevit_tiny_patch4_32.fmnist'
     ssog = tmp_path / 'ssog_ode_tiny_patch4_32.fmnist'
@@ -741,14 +794,14 @@ def test_matched_table_gives_an_ode_pairs_training_grid(tmp_path):
     # the SSoG twin's earlier stages (if any) train looped_ssog where the dense ones train looped_vit
     text = card.read_text().replace('--model odevit_tiny_patch4_32 ', '--model ssog_ode_tiny_patch4_32 ')
     text = text.replace('looped_vit_tiny_patch4_32', 'looped_ssog_tiny_patch4_32')
-    text = re.sub(r'(test set \(10,000 images\), solved as trained \(23 Euler steps\): top-1 )[\d.]+%',
-                  r'\g<1>90.00%', text)
-    card.write_text(re.sub(r'(test set \(10,000 images\): top-1 )[\d.]+%', r'\g<1>85.00%', text))
+    text = re.sub(r"(test set \(10,000 images\), at the architecture's default solver \(euler, 12 steps\): top-1 )"
+                  r'[\d.]+%', r'\g<1>85.00%', text)
+    card.write_text(re.sub(r'(test set \(10,000 images\): top-1 )[\d.]+%', r'\g<1>90.00%', text))
     rows = matched_table(tmp_path).splitlines()[2:]
-    assert len(rows) == 1 and rows[0].startswith(f'| ode | `{ssog.name}` | 85.00% (23 steps: 90.00%) | '), rows
+    assert len(rows) == 1 and rows[0].startswith(f'| ode | `{ssog.name}` | 90.00% (12 steps: 85.00%) | '), rows
     facts = card_facts(dense)  # against the published dense weight's two figures
-    gains = 85. - float(facts['test']), 90. - float(facts['test_trained_grid'])
-    assert f'| {gains[0]:+.2f} (23 steps: {gains[1]:+.2f}) |' in rows[0], rows
+    gains = 90. - float(facts['test']), 85. - float(facts['test_default_solver'])
+    assert f'| {gains[0]:+.2f} (12 steps: {gains[1]:+.2f}) |' in rows[0], rows
 
 
 def test_card_says_which_weights_a_run_with_an_ema_publishes():
@@ -777,7 +830,8 @@ def test_card_names_the_gpu_a_run_trained_on_and_the_threads_of_a_cpu_run():
 
 def test_guided_table_pairs_a_guided_weight_with_its_scratch_twin(tmp_path):
     """A weight trained with a teacher and one of the same architecture trained by the same command without the
-    teacher's options form a row (guided minus scratch, at the registered solver and on the training grid); another
+    teacher's options form a row (guided minus scratch, as pretrained=True solves them and at the architecture's
+    default solver); another
     seed is another recipe, not a row."""
     from timm_odevit.hub.table import guided_table
     base = 'looped_vit_tiny_patch4_32'
@@ -786,15 +840,15 @@ def test_guided_table_pairs_a_guided_weight_with_its_scratch_twin(tmp_path):
         shutil.copytree(REPO_ROOT / 'weights' / f'{base}.fmnist', repo)
         card = repo / 'README.md'
         text = re.sub(r'(Fashion-MNIST test set \(10,000 images\): top-1 )[\d.]+%', rf'\g<1>{top1}%', card.read_text())
-        card.write_text(text + f'  - Fashion-MNIST test set (10,000 images), solved as trained (23 Euler steps): top-1 '
-                               f'{grid}% (1/1)\n')
+        card.write_text(text + "  - Fashion-MNIST test set (10,000 images), at the architecture's default solver "
+                               f'(euler, 12 steps): top-1 {grid}% (1/1)\n')
     card = guided / 'README.md'
     card.write_text(card.read_text().replace(
         f'--model {base} ', f'--model {base} --teacher ssog_vit_tiny_patch4_32 --state-norm layernorm '))
     rows = guided_table(tmp_path).splitlines()[2:]
     assert len(rows) == 1, rows
-    assert rows[0].startswith(f'| `{base}` | `ssog_vit_tiny_patch4_32` | `{scratch.name}` | 87.97% (23 steps: 88.10%) '
-                              f'| `{guided.name}` | 90.00% (23 steps: 90.50%) | +2.03 (23 steps: +2.40) | > +10 |')
+    assert rows[0].startswith(f'| `{base}` | `ssog_vit_tiny_patch4_32` | `{scratch.name}` | 87.97% (12 steps: 88.10%) '
+                              f'| `{guided.name}` | 90.00% (12 steps: 90.50%) | +2.03 (12 steps: +2.40) | > +10 |')
     card.write_text(card.read_text().replace('--seed 0', '--seed 1'))
     assert guided_table(tmp_path).splitlines()[2:] == []
 

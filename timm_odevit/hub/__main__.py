@@ -47,6 +47,11 @@ def main(argv: Optional[List[str]] = None) -> int:
     e.add_argument('--dtype', choices=('float32', 'float16', 'bfloat16'), default='float32',
                    help='precision of the stored weights (half halves the file; the card measures what is stored)')
 
+    r = sub.add_parser('remeasure', help="re-measure a published folder at the solver it was trained with and "
+                                         "re-render its card (its recipe kept) and config.json; weights untouched")
+    r.add_argument('folder', help='e.g. weights/ssog_ode_tiny_patch4_32.fmnist')
+    r.add_argument('--no-full', action='store_true', help='skip the full Fashion-MNIST test set')
+
     m = sub.add_parser('manifest', help='rewrite <root>/MANIFEST.json from the files as they are')
     m.add_argument('--root', default='weights')
 
@@ -118,6 +123,10 @@ def main(argv: Optional[List[str]] = None) -> int:
         cfg = fmnist_input(a.img_size) if a.img_size else None
         print(json.dumps(export_checkpoint(a.checkpoint, a.tag, a.root, cfg, a.description, not a.no_full,
                                            a.use_ema, a.arch, a.threads, STORAGE_DTYPES[a.dtype])))
+    elif a.cmd == 'remeasure':
+        import timm_odevit  # noqa: F401
+        from .export import remeasure
+        print(json.dumps(remeasure(a.folder, not a.no_full)))
     elif a.cmd == 'manifest':
         from .verify import write_manifest
         print(write_manifest(Path(a.root)))

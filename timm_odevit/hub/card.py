@@ -168,6 +168,10 @@ def model_card(
         'Dataset': DATASET,
         'License': 'apache-2.0',
     }
+    trunk = getattr(model, 'trunk', None)
+    if hasattr(trunk, 'method'):
+        details['ODE solver'] = (f'{trunk.method}, {trunk.steps} steps (what `pretrained=True` gives, from '
+                                 '`config.json`; `model.set_solver(method=..., steps=...)` changes it)')
     if dtype != torch.float32:
         details['Stored precision'] = (f'{str(dtype).replace("torch.", "")} (timm loads it into a float32 model; the '
                                        'top-1 figures below are those of the stored weights)')

@@ -25,12 +25,13 @@ from . import CARD_FILE, CONFIG_FILE, ORG, WEIGHTS_FILE
 from .. import data as fm
 from ..evaluate import evaluate_solved
 from ..models.pretrained import fmnist_input
-from ..train import PROG, checkpoint_args, model_from_checkpoint, read_checkpoint
+from ..train import PROG, checkpoint_args, model_from_checkpoint, read_checkpoint, recorded_args
 from .card import card_stages, evaluate_command, model_card, staged_lines, training_lines
 from .verify import EXPORT_FIX, RepoError, sha256_file, verify_repo, write_manifest
 
-__all__ = ['TEST_SETS', 'STORAGE_DTYPES', 'measure', 'stored_dtype', 'run_stages', 'export_checkpoint', 'export',
-           'push']
+__all__ = ['TEST_SETS', 'STORAGE_DTYPES', 'TRAINED_SOLVER_KWARGS', 'measure', 'trained_solver',
+           'architecture_solver', 'stored_dtype', 'run_stages', 'export_checkpoint', 'export',
+           'remeasure', 'push']
 
 # where the card's two top-1 figures are measured: (card name, IDX folder, --data of `hub evaluate`)
 TEST_SETS = (('Fashion-MNIST sample (1,000 test images, bundled)', fm.SAMPLE_DIR, 'sample'),
@@ -38,23 +39,44 @@ TEST_SETS = (('Fashion-MNIST sample (1,000 test images, bundled)', fm.SAMPLE_DIR
 # what a weights file may store its tensors in: half precision halves a file (the repository's working tree, weights
 # included, must fit the 64 MiB a GPU run carries); timm's loader copies any of them into a float32 model
 STORAGE_DTYPES = {'float32': torch.float32, 'float16': torch.float16, 'bfloat16': torch.bfloat16}
+# the --model-kwargs that set an ODE trunk's discretisation (adjoint and max_nfe only change how it trains or fails)
+TRAINED_SOLVER_KWARGS = ('ode_method', 'ode_steps', 'ode_t_end', 'ode_rtol', 'ode_atol')
 
 
 def measure(model: nn.Module, folder: str, full_test: bool = True,
-            trained_ode_steps: Optional[int] = None) -> Dict[str, Dict[str, Any]]:
-    """The card's top-1 figures for weights to be exported to ``folder``: on the bundled sample and (when
-    ``full_test`` and Debian's package is installed) the full test set, each with the command that measures it;
-    an ODE model trained with another step count (``trained_ode_steps``) is measured at that count too."""
+            other_solver: Optional[Dict[str, Any]] = None) -> Dict[str, Dict[str, Any]]:
+    """The card's top-1 figures for weights to be exported to ``folder``, at the solver the model has (what
+    ``pretrained=True`` gives): on the bundled sample and (when ``full_test`` and Debian's package is installed) the
+    full test set, each with the command that measures it; an ODE model is measured at ``other_solver`` too (keyword
+    arguments of ``set_solver``: the architecture's default where the weights were trained on another grid)."""
     sets = [t for t in TEST_SETS if t[2] == 'sample' or (full_test and t[1].is_dir())]
-    metrics, as_trained = {}, {}
+    metrics, other = {}, {}
     for name, src, key in sets:
-        r = evaluate_solved(model, fm.load_tensors(src, 'test', model=model),
-                            {'steps': trained_ode_steps} if trained_ode_steps else None)
+        r = evaluate_solved(model, fm.load_tensors(src, 'test', model=model), other_solver)
         metrics[name] = dict(r['registered'], command=evaluate_command(folder, key))
         if 'solver' in r:
-            as_trained[f'{name}, solved as trained ({trained_ode_steps} Euler steps)'] = dict(
+            method, steps = r['solver']['solver'].split(':')
+            other[f"{name}, at the architecture's default solver ({method}, {steps} steps)"] = dict(
                 r['solver'], command=evaluate_command(folder, key, r['solver']['solver']))
-    return {**metrics, **as_trained}
+    return {**metrics, **other}
+
+
+def trained_solver(model_kwargs: Optional[Dict[str, Any]]) -> Dict[str, Any]:
+    """The ODE solver options among a run's ``--model-kwargs``: the weights learnt that discretisation, so the
+    export keeps them (config.json's ``model_args``, what ``pretrained=True`` solves with)."""
+    return {k: v for k, v in (model_kwargs or {}).items() if k in TRAINED_SOLVER_KWARGS}
+
+
+def architecture_solver(arch: str, model: nn.Module) -> Optional[Dict[str, Any]]:
+    """``set_solver`` options of ``arch``'s registered default when ``model`` (an ODE model) is solved otherwise;
+    None for a discrete model or one at its architecture's default."""
+    if not hasattr(getattr(model, 'trunk', None), 'method'):
+        return None
+    default = timm.create_model(arch, device='meta').trunk
+    if (default.method, default.steps, default.rtol, default.atol) == (
+            model.trunk.method, model.trunk.steps, model.trunk.rtol, model.trunk.atol):
+        return None
+    return dict(method=default.method, steps=default.steps, rtol=default.rtol, atol=default.atol)
 
 
 def stored_dtype(path: Path) -> torch.dtype:
@@ -138,12 +160,13 @@ def export_checkpoint(
     registered architecture with ``pretrained_cfg`` (default: Fashion-MNIST at the size the run trained at, its
     ``--model-kwargs img_size``, else 32 px), a card rendering the run's command and budget (for this package's
     command only; ``threads`` for a run that did not record its own), and top-1 measured here, on the weights as
-    stored in ``dtype``. Returns the folder and the top-1 figures."""
+    stored in ``dtype``. An ODE model keeps the solver options it was trained with (``trained_solver``). Returns the
+    folder and the top-1 figures."""
     ckpt = read_checkpoint(checkpoint)
     args = checkpoint_args(ckpt)
     cfg = dict(pretrained_cfg or ckpt.get('pretrained_cfg')
                or fmnist_input((args.get('model_kwargs') or {}).get('img_size')))
-    model = model_from_checkpoint(checkpoint, arch, use_ema, cfg)
+    model = model_from_checkpoint(checkpoint, arch, use_ema, cfg, **trained_solver(args.get('model_kwargs')))
     if dtype != torch.float32:
         # the card's figures are those of the file a user loads: its values rounded to dtype, in a float32 model
         model.load_state_dict({k: v.to(dtype).to(v.dtype) if v.is_floating_point() else v
@@ -156,8 +179,31 @@ def export_checkpoint(
         results = Path(checkpoint).parent / 'results.json'
         record = json.loads(results.read_text()) if results.is_file() else {}
         recipe = staged_lines(run_stages(args, record, cfg, Path(root) / f'{arch}.{tag}', threads, use_ema))
-    metrics = measure(model, f'{root}/{arch}.{tag}', full_test, (args.get('model_kwargs') or {}).get('ode_steps'))
+    metrics = measure(model, f'{root}/{arch}.{tag}', full_test, architecture_solver(arch, model))
     repo = export(model, arch, tag, root, model_card(arch, tag, model, metrics, recipe, description, dtype), dtype)
+    return {'repo': str(repo), **{k: v['top1'] for k, v in metrics.items()}}
+
+
+def remeasure(folder: str, full_test: bool = True) -> Dict[str, Any]:
+    """Re-measure a published folder and re-render its card and ``config.json``, the weights untouched: at the ODE
+    solver its last training stage ran (the card's command), with the recipe and description its card states. For
+    weights exported before the export kept that solver, or after a change to how the model is built.
+    Returns the folder and the top-1 figures."""
+    repo = Path(folder)
+    text = (repo / CARD_FILE).read_text(encoding='utf-8')
+    stages = card_stages(text)
+    if not stages:
+        raise ValueError(f'{repo / CARD_FILE} states no recipe to keep; re-export the checkpoint with `hub export`.')
+    arch, _, tag = repo.name.partition('.')
+    command = stages[-1]['command'].strip('`')
+    solver = trained_solver(recorded_args(command).model_kwargs) if f' {PROG} ' in f' {command} ' else {}
+    dtype = stored_dtype(repo / WEIGHTS_FILE)
+    model = timm.create_model(f'local-dir:{repo.resolve()}', pretrained=True, **solver).eval()
+    metrics = measure(model, str(repo), full_test, architecture_solver(arch, model))
+    title = f'# Model card for {repo.name}\n\n'
+    description = text[text.index(title) + len(title):].split('\n\n', 1)[0] if title in text else None
+    card = model_card(arch, tag, model, metrics, staged_lines(stages), description, dtype)
+    export(model, arch, tag, str(repo.parent), card, dtype)
     return {'repo': str(repo), **{k: v['top1'] for k, v in metrics.items()}}
 
 

@@ -21,14 +21,15 @@ _FIELDS = {
     'sample': r'sample \(1,000 test images, bundled\): top-1 ([\d.]+)%',
     'test': r'Fashion-MNIST test set \(10,000 images\): top-1 ([\d.]+)%',
 }
-# an ODE weight trained on another grid than its registered solver's: the card's full-test top-1 on that grid
-_TRAINED_GRID = r'test set \(10,000 images\), solved as trained \((\d+) Euler steps\): top-1 ([\d.]+)%'
+# an ODE weight trained on another grid than its architecture's default: the card's full-test top-1 at that default
+_DEFAULT_SOLVER = (r"test set \(10,000 images\), at the architecture's default solver \(\w+, (\d+) steps\): "
+                   r'top-1 ([\d.]+)%')
 
 
 def card_facts(repo_dir: Path) -> Dict[str, str]:
     """Params, GMACs, input size and the two top-1 figures a model card states (ValueError naming what is missing),
-    and for an ODE weight trained on another grid its step count and full-test top-1 there (``trained_grid_steps``,
-    ``test_trained_grid``)."""
+    and for an ODE weight trained on another grid than its architecture's default the default's step count and
+    full-test top-1 (``default_solver_steps``, ``test_default_solver``)."""
     card = (Path(repo_dir) / CARD_FILE).read_text(encoding='utf-8')
     facts = {}
     for key, pattern in _FIELDS.items():
@@ -37,9 +38,9 @@ def card_facts(repo_dir: Path) -> Dict[str, str]:
             raise ValueError(f'{repo_dir / CARD_FILE} lacks its {key}: re-export it with python -m timm_odevit.hub '
                              'export or python -m timm_odevit.study export.')
         facts[key] = m.group(1) if key != 'image' else f'{m.group(2)}x{m.group(1)}x{m.group(1)}'
-    m = re.search(_TRAINED_GRID, card)
+    m = re.search(_DEFAULT_SOLVER, card)
     if m:
-        facts['trained_grid_steps'], facts['test_trained_grid'] = m.groups()
+        facts['default_solver_steps'], facts['test_default_solver'] = m.groups()
     return facts
 
 
@@ -59,16 +60,17 @@ def training_budget(repo_dir: Path) -> str:
 
 def weights_table(root: Path) -> str:
     """Markdown: one row per ``<arch>.<tag>`` folder under ``root``, sorted by name. The top-1 figures are at the
-    solver a user gets (the registered one); an ODE weight trained on another grid has its top-1 there beside."""
+    solver a user gets (the one the weights were trained on); an ODE weight trained on another grid than its
+    architecture's default has its top-1 at that default beside."""
     lines: List[str] = ['| weights (`pretrained=True`) | input | params (M) | GMACs | training images seen | '
-                        'top-1 sample (1,000) | top-1 test (10,000) | top-1 test, training grid |',
+                        "top-1 sample (1,000) | top-1 test (10,000) | top-1 test, architecture's default solver |",
                         '|---|---|---:|---:|---|---:|---:|---:|']
     for repo in sorted(p for p in Path(root).iterdir() if p.is_dir()):
         f = card_facts(repo)
         lines.append(f'| `{repo.name}` | {f["image"]} | {f["params"]} | {f["gmacs"]} | {training_budget(repo)} | '
                      f'{f["sample"]}% | {f["test"]}% | '
-                     + (f'{f["test_trained_grid"]}% ({f["trained_grid_steps"]} steps) |' if 'test_trained_grid' in f
-                        else '- |'))
+                     + (f'{f["test_default_solver"]}% ({f["default_solver_steps"]} steps) |'
+                        if 'test_default_solver' in f else '- |'))
     return '\n'.join(lines) + '\n'
 
 
@@ -144,22 +146,23 @@ def _scratch_command(command: str) -> str:
 
 
 def _top1_cells(repo: Path) -> Tuple[float, Optional[Tuple[str, float]]]:
-    """Full-test top-1 at the registered solver and, for an ODE weight trained on another grid, (steps, top-1)
-    there."""
+    """Full-test top-1 as ``pretrained=True`` solves it and, for an ODE weight trained on another grid than its
+    architecture's default, (steps, top-1) at that default."""
     f = card_facts(repo)
-    grid = (f['trained_grid_steps'], float(f['test_trained_grid'])) if 'test_trained_grid' in f else None
-    return float(f['test']), grid
+    default = (f['default_solver_steps'], float(f['test_default_solver'])) if 'test_default_solver' in f else None
+    return float(f['test']), default
 
 
 def _compared_cells(a: Path, b: Path) -> Tuple[str, str, str]:
-    """Table cells: full-test top-1 of weights ``a`` and ``b`` and a minus b, at the registered solver and, where
-    both are ODE weights trained on one other grid, on that grid too."""
-    (top1_a, grid_a), (top1_b, grid_b) = _top1_cells(a), _top1_cells(b)
+    """Table cells: full-test top-1 of weights ``a`` and ``b`` and a minus b as ``pretrained=True`` solves them and,
+    where both are ODE weights trained on another grid than one architecture default, at that default too."""
+    (top1_a, default_a), (top1_b, default_b) = _top1_cells(a), _top1_cells(b)
     cells = (f'{top1_a:.2f}%', f'{top1_b:.2f}%', f'{top1_a - top1_b:+.2f}')
-    if grid_a and grid_b and grid_a[0] == grid_b[0]:
-        steps = grid_a[0]
-        cells = (f'{cells[0]} ({steps} steps: {grid_a[1]:.2f}%)', f'{cells[1]} ({steps} steps: {grid_b[1]:.2f}%)',
-                 f'{cells[2]} ({steps} steps: {grid_a[1] - grid_b[1]:+.2f})')
+    if default_a and default_b and default_a[0] == default_b[0]:
+        steps = default_a[0]
+        cells = (f'{cells[0]} ({steps} steps: {default_a[1]:.2f}%)',
+                 f'{cells[1]} ({steps} steps: {default_b[1]:.2f}%)',
+                 f'{cells[2]} ({steps} steps: {default_a[1] - default_b[1]:+.2f})')
     return cells
 
 
@@ -211,7 +214,8 @@ def card_teacher_sha256(repo_dir: Path) -> Optional[str]:
 
 def guided_table(root: Path) -> str:
     """Markdown: teacher-guided against scratch, one row per pair of ``guided_pairs``. Top-1 on the full test set
-    at the registered solver, and on the training grid where an ODE weight was trained on another."""
+    as ``pretrained=True`` solves it, and at the architecture's default where an ODE weight was trained on another
+    grid."""
     from ..study.guidance import PAPER_GUIDANCE_GAIN
     lines = ['| student | teacher | scratch weights | top-1 scratch | guided weights | top-1 guided | '
              'guided minus scratch (points) | paper gain | training images seen | training min, scratch / guided |',

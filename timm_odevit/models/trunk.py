@@ -18,7 +18,7 @@ from timm.models.vision_transformer import global_pool_nlc
 from ..layers import (
     CenterNorm, DiscreteDepth, FieldBlock, LoopedDepth, OdeDepth, SeparableGaussianMixer, spectral_norm_estimate,
 )
-from .pretrained import check_reachable
+from .pretrained import check_reachable, tag_model_args
 
 __all__ = ['DepthVisionTransformer', 'create_depth_vit', 'checkpoint_filter_fn', 'depth_vit_cfg']
 
@@ -550,6 +550,12 @@ def create_depth_vit(variant: str, pretrained: bool = False, **kwargs: Any) -> D
         tag = _published_tag(variant)
         if tag is not None:
             kwargs['pretrained_cfg'] = tag
+    # a tag asked for by name solves as it was trained, as timm's hf-hub: route applies config.json's model_args;
+    # a kwarg the caller passes wins (hf-hub: passes a dict cfg, whose model_args timm has applied already)
+    tag_args = tag_model_args(variant, kwargs['pretrained_cfg']) if isinstance(kwargs.get('pretrained_cfg'), str) \
+        else {}
+    for k, v in tag_args.items():
+        kwargs.setdefault(k, v)
     if pretrained:
         cfg = resolve_pretrained_cfg(variant, kwargs.get('pretrained_cfg'), kwargs.get('pretrained_cfg_overlay'))
         check_reachable(cfg.hf_hub_id, cfg.file)
@@ -560,7 +566,7 @@ def create_depth_vit(variant: str, pretrained: bool = False, **kwargs: Any) -> D
             f"feature_cls={feature_cls!r} needs a module per layer; the layers of a {kwargs['depth_mode']} trunk are "
             "applications of one block (or ODE output times), not modules. Use feature_cls='getter' (the default), "
             'which reads them through forward_intermediates.')
-    return build_model_with_cfg(
+    model = build_model_with_cfg(
         DepthVisionTransformer,
         variant,
         pretrained,
@@ -568,6 +574,10 @@ def create_depth_vit(variant: str, pretrained: bool = False, **kwargs: Any) -> D
         feature_cfg=dict(out_indices=out_indices, feature_cls='getter'),
         **kwargs,
     )
+    # timm's create_model records only the caller's kwargs for save_for_hf's config.json; the tag's go in too, so
+    # that a re-serialised model keeps its solver
+    model._model_args = {k: kwargs[k] for k in tag_args}
+    return model
 
 
 def depth_vit_cfg(url: str = '', **kwargs: Any) -> Dict[str, Any]:
