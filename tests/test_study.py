@@ -129,7 +129,8 @@ def test_export_card_carries_measured_top1(study, tmp_path):
     card = (repo / 'README.md').read_text()
     assert out['Fashion-MNIST sample (1,000 test images, bundled)'] == r['top1']
     assert f'top-1 {r["top1"]:.2f}% ({r["correct"]}/1000)' in card
-    assert 'ode_steps=23' in card and '--solver euler:23' in card
+    # solved as trained (what pretrained=True gives), and at the architecture's default 12 steps too
+    assert model.trunk.steps == 23 and '**ODE solver:** euler, 23 steps' in card and '--solver euler:12' in card
     # the card's command is the training command's, with the run's non-default options
     command = next(line for line in card.splitlines() if 'python -m timm_odevit.train' in line)
     assert 'python -m timm_odevit.train --model ssog_ode_tiny_patch4_32 --model-kwargs ode_steps=23' in command
