@@ -10,8 +10,8 @@ from . import hub_id
 from ..data import AUGMENT_SHIFT, FASHION_MNIST_TRAIN_IMAGES
 from ..train import format_command
 
-__all__ = ['DATASET', 'RECIPE', 'card_stages', 'evaluate_command', 'guidance_line', 'model_card', 'staged_lines',
-           'training_lines']
+__all__ = ['DATASET', 'RECIPE', 'card_description', 'card_stages', 'evaluate_command', 'guidance_line', 'model_card',
+           'staged_lines', 'training_lines']
 
 DATASET = 'Fashion-MNIST'
 RECIPE = 'Training recipe'  # the card's heading of the recipe lines
@@ -138,6 +138,12 @@ def card_stages(card: str) -> List[Dict[str, str]]:
         elif inside:
             break
     return [stages[i] for i in sorted(stages)]
+
+
+def card_description(card: str, name: str) -> Optional[str]:
+    """The description paragraph of the card timm's ``generate_readme`` rendered for ``name`` (None without one)."""
+    title = f'# Model card for {name}\n\n'
+    return card[card.index(title) + len(title):].split('\n\n', 1)[0] if title in card else None
 
 
 def model_card(

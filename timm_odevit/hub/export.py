@@ -26,7 +26,7 @@ from .. import data as fm
 from ..evaluate import evaluate_solved
 from ..models.pretrained import fmnist_input
 from ..train import PROG, checkpoint_args, model_from_checkpoint, read_checkpoint, recorded_args
-from .card import card_stages, evaluate_command, model_card, staged_lines, training_lines
+from .card import card_description, card_stages, evaluate_command, model_card, staged_lines, training_lines
 from .verify import EXPORT_FIX, RepoError, sha256_file, verify_repo, write_manifest
 
 __all__ = ['TEST_SETS', 'STORAGE_DTYPES', 'TRAINED_SOLVER_KWARGS', 'measure', 'trained_solver',
@@ -200,9 +200,7 @@ def remeasure(folder: str, full_test: bool = True) -> Dict[str, Any]:
     dtype = stored_dtype(repo / WEIGHTS_FILE)
     model = timm.create_model(f'local-dir:{repo.resolve()}', pretrained=True, **solver).eval()
     metrics = measure(model, str(repo), full_test, architecture_solver(arch, model))
-    title = f'# Model card for {repo.name}\n\n'
-    description = text[text.index(title) + len(title):].split('\n\n', 1)[0] if title in text else None
-    card = model_card(arch, tag, model, metrics, staged_lines(stages), description, dtype)
+    card = model_card(arch, tag, model, metrics, staged_lines(stages), card_description(text, repo.name), dtype)
     export(model, arch, tag, str(repo.parent), card, dtype)
     return {'repo': str(repo), **{k: v['top1'] for k, v in metrics.items()}}
 
