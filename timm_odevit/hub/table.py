@@ -89,12 +89,18 @@ def _as_dense(command: str) -> str:
     return _SSOG_NAME.sub(lambda m: FAMILIES[m.group(1)].twin + '_', command)
 
 
+# the thread count a command ran with: the machine's share, not the recipe (two runs side by side get one each)
+_THREADS = re.compile(r'^OMP_NUM_THREADS=\d+ ')
+
+
 def _same_recipe(a: Sequence[str], b: Sequence[str], arch_a: str, arch_b: str) -> bool:
     """Whether two weights' commands (one per stage) are the same, each weight's own model name aside (it also names
-    the weights a next stage starts from), and an earlier stage's SSoG model aside from its dense twin (an ODE
-    weight that started from its looped twin's weights, the dense ODE one from the dense looped one)."""
-    return bool(a) and len(a) == len(b) and all(
-        _as_dense(x.replace(arch_a, '@')) == _as_dense(y.replace(arch_b, '@')) for x, y in zip(a, b))
+    the weights a next stage starts from), an earlier stage's SSoG model aside from its dense twin (an ODE weight
+    that started from its looped twin's weights, the dense ODE one from the dense looped one), and the CPU threads
+    each ran with aside."""
+    def canonical(command: str, arch: str) -> str:
+        return _as_dense(_THREADS.sub('', command).replace(arch, '@'))
+    return bool(a) and len(a) == len(b) and all(canonical(x, arch_a) == canonical(y, arch_b) for x, y in zip(a, b))
 
 
 def _published(root: Path) -> Iterator[Tuple[Path, Family]]:
