@@ -703,6 +703,21 @@ def test_export_of_a_next_stage_states_every_stage(tmp_path):
     assert description.startswith(f'`{arch}` trained from other weights')
 
 
+def test_card_description_names_the_stages_a_teacher_guided():
+    """A weight a teacher joined late says which of its stages were guided; one guided throughout says only that."""
+    from timm_odevit.hub.card import LOGIT_KD, model_card, staged_lines
+    from timm_odevit.models.pretrained import fmnist_input
+    arch = 'dense_vit_tiny_patch4_32'
+    model = timm.create_model(arch, pretrained_cfg_overlay=fmnist_input(), num_classes=10, in_chans=1)
+    teacher = {'schedule': '2 epochs', 'teacher guidance': f'teacher `resnet18`; {LOGIT_KD}: loss = ...'}
+    scratch = {'schedule': '10 epochs'}
+    late = model_card(arch, 'fmnist', model, {}, staged_lines([scratch, scratch, teacher, teacher]))['description']
+    assert late.startswith(f'`{arch}` trained from scratch in 4 stages, each from the weights of the one before, '
+                           'guided by a teacher (logit distillation) in stages 3, 4 on '), late
+    throughout = model_card(arch, 'fmnist', model, {}, staged_lines([teacher]))['description']
+    assert throughout.startswith(f'`{arch}` trained from scratch, guided by a teacher (logit distillation) on ')
+
+
 def test_training_budget_from_cards(tmp_path):
     """The weights table's budget column adds up each stage of a card's recipe, and refuses a card without one."""
     from timm_odevit.hub.table import training_budget

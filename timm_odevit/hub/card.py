@@ -199,16 +199,22 @@ def model_card(
     keys = list(recipe or {})
     guidance = [v for k, v in (recipe or {}).items() if k.endswith('teacher guidance')]
     kind = 'logit distillation' if any(LOGIT_KD in v for v in guidance) else 'trajectory distillation'
-    stages = len({m.group(1) for m in map(_STAGE_KEY.fullmatch, keys) if m})
+    staged = [m for m in map(_STAGE_KEY.fullmatch, keys) if m]
+    stages = len({m.group(1) for m in staged})
     if any(k == 'initialised from' or (k.startswith('stage 1 of ') and k.endswith(', initialised from')) for k in keys):
         start = 'from other weights'  # its first stage started from weights whose recipe is not known
     else:
         start = 'from scratch' + (f' in {stages} stages, each from the weights of the one before' if stages else '')
+    if guidance:
+        # which stages a teacher guided: a weight whose teacher joined late is mostly its own training
+        guided = [m.group(1) for m in staged if m.group(2) == 'teacher guidance']
+        start += f', guided by a teacher ({kind})' + (
+            f' in stage{"s" if len(guided) > 1 else ""} {", ".join(guided)}' if stages > len(guided) else '')
     return {
         'tags': ['image-classification', 'timm', 'timm_odevit'],
         'license': 'apache-2.0',
         'description': description or (
-            f'`{arch}` trained ' + (f'guided by a teacher ({kind})' if guidance else start)
+            f'`{arch}` trained {start}'
             + f' on {DATASET} (28x28 grey clothing images, 10 classes, resized to {size[-1]} px) on a CPU; the '
             'training recipe and the measured top-1 are below.'),
         'details': details,
