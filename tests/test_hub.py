@@ -897,6 +897,22 @@ def test_guided_table_pairs_weights_continued_from_the_same_earlier_stage(tmp_pa
     assert guided_table(tmp_path).splitlines()[2:] == []
 
 
+def _laid_out_from_history(path: str, sha256: str, folder: Path) -> Path:
+    """The folder to pass as --teacher-root for the file ``path`` (relative to the repository) with ``sha256``: the
+    repository itself when the working tree holds that version, else ``folder`` with it laid out from git history."""
+    if sha256_of(REPO_ROOT / path) == sha256:
+        return REPO_ROOT
+    git = ['git', '-C', str(REPO_ROOT)]
+    for commit in subprocess.run(git + ['log', '--format=%H', '--', path], capture_output=True, text=True,
+                                 check=True).stdout.split():
+        data = subprocess.run(git + ['show', f'{commit}:{path}'], capture_output=True, check=True).stdout
+        if hashlib.sha256(data).hexdigest() == sha256:
+            (folder / path).parent.mkdir(parents=True, exist_ok=True)
+            (folder / path).write_bytes(data)
+            return folder
+    raise AssertionError(f'no version of {path} in git history has sha256 {sha256}')
+
+
 def test_trajectory_of_the_published_students(tmp_path, monkeypatch):
     """hub trajectory reads each guided pair from the published files alone (card commands, card times, the teacher
     the card names): the guided student's CLS states follow the teacher's block outputs, its scratch twin's do not;
@@ -912,9 +928,10 @@ def test_trajectory_of_the_published_students(tmp_path, monkeypatch):
     card = tmp_path / 'weights' / names[1] / 'README.md'
     teacher = 'weights/ssog_vit_tiny_patch4_32.fmnist/model.safetensors'
     sha = card_teacher_sha256(card.parent)
-    assert sha == sha256_of(REPO_ROOT / teacher)  # the published teacher is the one that guided the student
+    # the teacher that guided the student, from git history where weights/ holds a later version of it
+    root = _laid_out_from_history(teacher, sha, tmp_path / 'teacher_from_history')
     table = write_weights_trajectory(tmp_path / 'weights', tmp_path / 'out', test_samples=8,
-                                     data_dir=str(fm.SAMPLE_DIR))
+                                     data_dir=str(fm.SAMPLE_DIR), teacher_root=root)
     times = card_target_times(tmp_path / 'weights' / names[1])
     assert len(times) == 12 and times[-1] == 12.0
     rows = (tmp_path / 'out' / 'trajectory.csv').read_text().splitlines()
@@ -925,7 +942,7 @@ def test_trajectory_of_the_published_students(tmp_path, monkeypatch):
     # the same path holding other weights (a teacher re-trained in place) is refused
     other = tmp_path / 'teacher_root'
     (other / teacher).parent.mkdir(parents=True)
-    state = load_file(REPO_ROOT / teacher)
+    state = load_file(root / teacher)
     state['head.bias'] = state['head.bias'] + 1
     save_file(state, other / teacher)
     refused = f'{teacher} with sha256 {sha}, and {re.escape(str(other / teacher))} holds other weights'
@@ -937,10 +954,12 @@ def test_trajectory_of_the_published_students(tmp_path, monkeypatch):
                                  teacher_root=tmp_path)
     card.write_text(re.sub(r'at student times [\d., ]+ \(rule', '(rule', card.read_text()))
     with pytest.raises(ValueError, match='states no student times'):
-        write_weights_trajectory(tmp_path / 'weights', tmp_path / 'out', test_samples=8, data_dir=str(fm.SAMPLE_DIR))
+        write_weights_trajectory(tmp_path / 'weights', tmp_path / 'out', test_samples=8, data_dir=str(fm.SAMPLE_DIR),
+                                 teacher_root=root)
     shutil.rmtree(tmp_path / 'weights' / names[0])
     with pytest.raises(FileNotFoundError, match='No guided weight'):
-        write_weights_trajectory(tmp_path / 'weights', tmp_path / 'out', test_samples=8, data_dir=str(fm.SAMPLE_DIR))
+        write_weights_trajectory(tmp_path / 'weights', tmp_path / 'out', test_samples=8, data_dir=str(fm.SAMPLE_DIR),
+                                 teacher_root=root)
 
 
 def test_steered_table_needs_all_three_runs_trained_alike(tmp_path):
