@@ -903,6 +903,10 @@ def _laid_out_from_history(path: str, sha256: str, folder: Path) -> Path:
     if sha256_of(REPO_ROOT / path) == sha256:
         return REPO_ROOT
     git = ['git', '-C', str(REPO_ROOT)]
+    shallow = subprocess.run(git + ['rev-parse', '--is-shallow-repository'], capture_output=True, text=True)
+    if shutil.which('git') is None or shallow.returncode != 0 or shallow.stdout.strip() == 'true':
+        pytest.skip(f'{path} holds a later version than sha256 {sha256}, and this checkout has no full git history '
+                    'to lay the earlier one out from (a clone without --depth has it)')
     for commit in subprocess.run(git + ['log', '--format=%H', '--', path], capture_output=True, text=True,
                                  check=True).stdout.split():
         data = subprocess.run(git + ['show', f'{commit}:{path}'], capture_output=True, check=True).stdout
