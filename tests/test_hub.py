@@ -28,7 +28,7 @@ from timm_odevit.hub.demo import hub_env
 from timm_odevit.models.pretrained import FMNIST_TAG
 from timm_odevit.hub.server import REFUSED_STATUS, HubMirror, _header_safe
 from timm_odevit.hub.export import stored_dtype
-from timm_odevit.hub.verify import build_manifest, verify_root, write_manifest
+from timm_odevit.hub.verify import build_manifest, sha256_file, verify_root, write_manifest
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 WEIGHTS = REPO_ROOT / 'weights'
@@ -66,10 +66,6 @@ def reference_output(repo_dir: Path, x: torch.Tensor) -> torch.Tensor:
     model.load_state_dict(load_file(str(repo_dir / 'model.safetensors')))
     with torch.no_grad():
         return model(x)
-
-
-def sha256_of(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
 def file_requests(log: List[Tuple[str, str, int]], fname: str) -> List[Tuple[str, int]]:
@@ -114,7 +110,7 @@ def test_config_json_is_what_save_for_hf_writes(repo, tmp_path):
     exported = json.loads((WEIGHTS / repo / 'config.json').read_text())
     assert json.loads((tmp_path / 'config.json').read_text()) == exported
     # digests, not bytes: a failing bytes comparison of a 10 MB file makes pytest diff it for an hour
-    assert sha256_of(tmp_path / 'model.safetensors') == sha256_of(stored)
+    assert sha256_file(tmp_path / 'model.safetensors') == sha256_file(stored)
 
 
 def test_fresh_cache_head_get_then_warm_head_only_then_offline_none(mirror, tmp_path):
@@ -437,7 +433,7 @@ def test_export_and_push_dry_run(tmp_path):
     repo = export(model, ARCH, 'copy', str(tmp_path), {'description': 'test'},
                   dtype=stored_dtype(WEIGHTS / PICK / 'model.safetensors'))
     assert sorted(p.name for p in repo.iterdir()) == ['README.md', 'config.json', 'model.safetensors']
-    assert sha256_of(repo / 'model.safetensors') == sha256_of(WEIGHTS / PICK / 'model.safetensors')
+    assert sha256_file(repo / 'model.safetensors') == sha256_file(WEIGHTS / PICK / 'model.safetensors')
     assert json.loads((tmp_path / MANIFEST_FILE).read_text()) == build_manifest(tmp_path)
     lines = push(str(WEIGHTS / PICK), dry_run=True)
     assert lines[0].startswith(f'repo: {ORG}/{PICK}') and lines[-1] == 'dry run: nothing sent'
@@ -544,7 +540,7 @@ def test_remeasure_rerenders_a_folder_at_the_solver_it_trained_with(tmp_path):
     assert json.loads((repo / 'config.json').read_text())['model_args']['ode_steps'] == 23
     card = (repo / 'README.md').read_text()
     assert card_stages(card) == card_stages(before) and '- **ODE solver:** euler, 23 steps (' in card
-    assert sha256_of(repo / 'model.safetensors') == sha256_of(WEIGHTS / name / 'model.safetensors')
+    assert sha256_file(repo / 'model.safetensors') == sha256_file(WEIGHTS / name / 'model.safetensors')
     assert all(not errs for errs in verify_root(tmp_path / 'weights').values())
     correct = re.search(r'sample \(1,000 test images, bundled\): top-1 [\d.]+% \((\d+)/', card).group(1)
     assert evaluate_folder(str(repo), 'sample')['correct'] == int(correct)
@@ -897,24 +893,42 @@ def test_guided_table_pairs_weights_continued_from_the_same_earlier_stage(tmp_pa
     assert guided_table(tmp_path).splitlines()[2:] == []
 
 
-def _laid_out_from_history(path: str, sha256: str, folder: Path) -> Path:
-    """The folder to pass as --teacher-root for the file ``path`` (relative to the repository) with ``sha256``: the
-    repository itself when the working tree holds that version, else ``folder`` with it laid out from git history."""
-    if sha256_of(REPO_ROOT / path) == sha256:
-        return REPO_ROOT
-    git = ['git', '-C', str(REPO_ROOT)]
-    shallow = subprocess.run(git + ['rev-parse', '--is-shallow-repository'], capture_output=True, text=True)
-    if shutil.which('git') is None or shallow.returncode != 0 or shallow.stdout.strip() == 'true':
-        pytest.skip(f'{path} holds a later version than sha256 {sha256}, and this checkout has no full git history '
-                    'to lay the earlier one out from (a clone without --depth has it)')
-    for commit in subprocess.run(git + ['log', '--format=%H', '--', path], capture_output=True, text=True,
-                                 check=True).stdout.split():
-        data = subprocess.run(git + ['show', f'{commit}:{path}'], capture_output=True, check=True).stdout
-        if hashlib.sha256(data).hexdigest() == sha256:
-            (folder / path).parent.mkdir(parents=True, exist_ok=True)
-            (folder / path).write_bytes(data)
-            return folder
-    raise AssertionError(f'no version of {path} in git history has sha256 {sha256}')
+def _git(repo: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(['git', '-C', str(repo), *args], capture_output=True, text=True, check=True)
+
+
+def _full_history() -> bool:
+    """Whether this checkout holds its git history (a clone with --depth does not)."""
+    if shutil.which('git') is None:
+        return False
+    shallow = subprocess.run(['git', '-C', str(REPO_ROOT), 'rev-parse', '--is-shallow-repository'],
+                             capture_output=True, text=True)
+    return shallow.returncode == 0 and shallow.stdout.strip() == 'false'
+
+
+@pytest.mark.skipif(shutil.which('git') is None, reason='needs git')
+def test_version_from_history_finds_a_replaced_file_by_its_hash(tmp_path, monkeypatch):
+    """A file replaced since is found in git history by its sha256 (the newest matching version); a hash no
+    version has, a path git never tracked and a folder outside any checkout give None."""
+    from timm_odevit.hub.verify import version_from_history
+    repo = tmp_path / 'repo'
+    (repo / 'weights').mkdir(parents=True)
+    _git(repo, 'init', '-q')
+    for key, value in (('user.name', 'test'), ('user.email', 'test@example.com'), ('commit.gpgsign', 'false')):
+        _git(repo, 'config', key, value)
+    path, shas = 'weights/model.safetensors', []
+    for version in (b'first', b'second', b'third'):
+        (repo / path).write_bytes(version)
+        shas.append(sha256_file(repo / path))
+        _git(repo, 'add', path)
+        _git(repo, 'commit', '-q', '-m', version.decode())
+    assert version_from_history(path, shas[0], repo) == b'first'
+    assert version_from_history(path, shas[1], repo) == b'second'
+    assert version_from_history(path, hashlib.sha256(b'never').hexdigest(), repo) is None
+    assert version_from_history('weights/untracked.bin', shas[0], repo) is None
+    (tmp_path / 'plain').mkdir()
+    monkeypatch.setenv('GIT_CEILING_DIRECTORIES', str(tmp_path))
+    assert version_from_history(path, shas[0], tmp_path / 'plain') is None
 
 
 def test_trajectory_of_the_published_students(tmp_path, monkeypatch):
@@ -922,7 +936,7 @@ def test_trajectory_of_the_published_students(tmp_path, monkeypatch):
     the card names): the guided student's CLS states follow the teacher's block outputs, its scratch twin's do not;
     a teacher path holding other weights than the card's hash, a missing teacher, a card without times and a folder
     without a pair are each refused, naming what is wrong."""
-    from safetensors.torch import load_file, save_file
+    from safetensors.torch import save_file
     from timm_odevit.hub.table import card_target_times, card_teacher_sha256
     from timm_odevit.study.guidance import write_weights_trajectory
     monkeypatch.chdir(REPO_ROOT)  # the guided card names its teacher's weights relative to the repository
@@ -932,10 +946,12 @@ def test_trajectory_of_the_published_students(tmp_path, monkeypatch):
     card = tmp_path / 'weights' / names[1] / 'README.md'
     teacher = 'weights/ssog_vit_tiny_patch4_32.fmnist/model.safetensors'
     sha = card_teacher_sha256(card.parent)
-    # the teacher that guided the student, from git history where weights/ holds a later version of it
-    root = _laid_out_from_history(teacher, sha, tmp_path / 'teacher_from_history')
+    if sha256_file(REPO_ROOT / teacher) != sha and not _full_history():
+        pytest.skip(f'{teacher} holds a later version than sha256 {sha}, and this checkout has no full git history '
+                    'to find the earlier one in (a clone without --depth has it)')
+    # by default the teacher that guided the student: from git history where weights/ holds a later version of it
     table = write_weights_trajectory(tmp_path / 'weights', tmp_path / 'out', test_samples=8,
-                                     data_dir=str(fm.SAMPLE_DIR), teacher_root=root)
+                                     data_dir=str(fm.SAMPLE_DIR))
     times = card_target_times(tmp_path / 'weights' / names[1])
     assert len(times) == 12 and times[-1] == 12.0
     rows = (tmp_path / 'out' / 'trajectory.csv').read_text().splitlines()
@@ -946,24 +962,20 @@ def test_trajectory_of_the_published_students(tmp_path, monkeypatch):
     # the same path holding other weights (a teacher re-trained in place) is refused
     other = tmp_path / 'teacher_root'
     (other / teacher).parent.mkdir(parents=True)
-    state = load_file(root / teacher)
-    state['head.bias'] = state['head.bias'] + 1
-    save_file(state, other / teacher)
+    save_file(timm.create_model('ssog_vit_tiny_patch4_32', in_chans=1).state_dict(), other / teacher)
     refused = f'{teacher} with sha256 {sha}, and {re.escape(str(other / teacher))} holds other weights'
     with pytest.raises(ValueError, match=refused):
         write_weights_trajectory(tmp_path / 'weights', tmp_path / 'out', test_samples=8, data_dir=str(fm.SAMPLE_DIR),
                                  teacher_root=other)
-    with pytest.raises(FileNotFoundError, match='pass the folder that holds it'):
+    with pytest.raises(FileNotFoundError, match='pass it as --teacher-root'):
         write_weights_trajectory(tmp_path / 'weights', tmp_path / 'out', test_samples=8, data_dir=str(fm.SAMPLE_DIR),
                                  teacher_root=tmp_path)
     card.write_text(re.sub(r'at student times [\d., ]+ \(rule', '(rule', card.read_text()))
     with pytest.raises(ValueError, match='states no student times'):
-        write_weights_trajectory(tmp_path / 'weights', tmp_path / 'out', test_samples=8, data_dir=str(fm.SAMPLE_DIR),
-                                 teacher_root=root)
+        write_weights_trajectory(tmp_path / 'weights', tmp_path / 'out', test_samples=8, data_dir=str(fm.SAMPLE_DIR))
     shutil.rmtree(tmp_path / 'weights' / names[0])
     with pytest.raises(FileNotFoundError, match='No guided weight'):
-        write_weights_trajectory(tmp_path / 'weights', tmp_path / 'out', test_samples=8, data_dir=str(fm.SAMPLE_DIR),
-                                 teacher_root=root)
+        write_weights_trajectory(tmp_path / 'weights', tmp_path / 'out', test_samples=8, data_dir=str(fm.SAMPLE_DIR))
 
 
 def test_steered_table_needs_all_three_runs_trained_alike(tmp_path):

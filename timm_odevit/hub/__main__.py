@@ -107,7 +107,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     tr.add_argument('--data-dir', default=None, help="Fashion-MNIST IDX files (default: Debian's package)")
     tr.add_argument('--teacher-root', default=None,
                     help="folder where the teacher path a guided card names is found (default: the working "
-                         "directory); for a teacher replaced since, a folder laid out from git history")
+                         "directory, or git history for the version of the card's sha256 when that file was "
+                         "replaced since)")
 
     d = sub.add_parser('demo', help='load a pretrained model through an in-process mirror and classify the sample')
     d.add_argument('--model', default=None)

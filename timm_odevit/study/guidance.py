@@ -16,6 +16,7 @@ import inspect
 import json
 import shlex
 import statistics
+import tempfile
 from dataclasses import fields
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
@@ -358,6 +359,34 @@ def write_guidance_report(root: Path, test_samples: int = 256, data_dir: Optiona
     return table
 
 
+def _guiding_teacher(guided: Path, named: str, teacher_root: Optional[Path], history: Path) -> Path:
+    """The file of the teacher that guided ``guided`` (its card names it as ``named``, relative to the repository,
+    and records its sha256): under ``teacher_root`` when given, else in the working directory, else (a file since
+    replaced) the version of that sha256 from git history, laid out under ``history``."""
+    from ..hub.table import card_teacher_sha256
+    from ..hub.verify import sha256_file, version_from_history
+    sha = card_teacher_sha256(guided)
+    path = Path(teacher_root or '.') / named
+    if teacher_root is None and sha and not (path.is_file() and sha256_file(path) == sha):
+        data = version_from_history(named, sha)
+        if data is not None:
+            path = history / named
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(data)
+            return path
+    where = teacher_root or 'the working directory nor, with its sha256, in git history'
+    lay_out = (f'lay that version out (git log --format=%h -- {named} lists them in a full clone; a shallow one lacks '
+               'older versions) in a folder of its own and pass it as --teacher-root')
+    if not path.is_file():
+        raise FileNotFoundError(f'{guided.name} was guided by {named}, which is not under {where}: run from the '
+                                f'repository root, or {lay_out}.')
+    if sha and sha256_file(path) != sha:
+        raise ValueError(f'{guided.name} was guided by {named} with sha256 {sha}, and {path} holds other weights'
+                         f'{"" if teacher_root else ", as does every version in git history"}: {lay_out}, to measure '
+                         'the trajectory against the teacher that guided it.')
+    return path
+
+
 def write_weights_trajectory(root: Path, out_dir: Path, test_samples: int = 256,
                              data_dir: Optional[str] = None, teacher_root: Optional[Path] = None) -> str:
     """The trajectory of the published students: for each guided weight under ``root`` and its scratch twin (the
@@ -367,43 +396,32 @@ def write_weights_trajectory(root: Path, out_dir: Path, test_samples: int = 256,
 
     Read from the published files alone (the card's command and times, the teacher checkpoint it names), so anyone
     with the weights reruns it; checkpoints are not needed. The teacher checkpoint a card names (a path relative to
-    the repository) is looked for under ``teacher_root`` (default: the working directory, the repository root): a
-    teacher since replaced in ``weights/`` can be laid out from git history in a folder of its own."""
+    the repository) is looked for under ``teacher_root``; by default in the working directory (the repository root)
+    or, when that file has since been replaced, as the version of the card's sha256 in git history."""
     from safetensors.torch import load_file
-    from ..hub.table import card_commands, card_target_times, card_teacher_sha256, guided_pairs
-    from ..hub.verify import sha256_file
+    from ..hub.table import card_commands, card_target_times, guided_pairs
     from ..train import recorded_args
     from ..train.command import build_task
     rows: List[Dict[str, Any]] = []
-    for arch, teacher, scratch, guided in guided_pairs(root):
-        args = recorded_args(card_commands(guided)[-1])  # the stage the teacher guided
-        if args.teacher_checkpoint:
-            named = args.teacher_checkpoint
-            args.teacher_checkpoint = str(Path(teacher_root or '.') / named)
-            if not Path(args.teacher_checkpoint).is_file():
-                raise FileNotFoundError(f'{guided.name} was guided by {named}, which is not under '
-                                        f'{teacher_root or "the working directory"}: run from the repository root, '
-                                        'or pass the folder that holds it (--teacher-root).')
-            sha = card_teacher_sha256(guided)
-            if sha and sha256_file(Path(args.teacher_checkpoint)) != sha:
-                raise ValueError(f'{guided.name} was guided by {named} with sha256 {sha}, and '
-                                 f'{args.teacher_checkpoint} holds other weights: lay that teacher out from git '
-                                 f'history (git log --format=%h -- {named} lists its versions) in a folder of its '
-                                 'own and pass it as --teacher-root, to measure the trajectory against the teacher '
-                                 'that guided it.')
-        args.times = ','.join(str(t) for t in card_target_times(guided))
-        # the published weights replace the student's parameters anyway: nothing to load or copy before them
-        args.initial_checkpoint, args.no_init_from_teacher = '', True
-        task = build_task(args, torch.device('cpu'))
-        task.eval()
-        student = task.get_eval_model()
-        images = _images_as_trained(args, student, data_dir, test_samples)
-        for arm, repo in zip(ARMS, (scratch, guided)):
-            student.load_state_dict(load_file(str(repo / 'model.safetensors')))
-            with torch.no_grad():
-                gaps = task.state_gaps(images, TRAJECTORY_NORM).tolist()
-            rows.append({'student': arch, 'teacher': teacher, 'arm': arm, 'weights': repo.name,
-                         'times': [round(float(t), 3) for t in task.target_times], 'gaps': gaps})
+    with tempfile.TemporaryDirectory(prefix='teacher_from_history_') as history:
+        for arch, teacher, scratch, guided in guided_pairs(root):
+            args = recorded_args(card_commands(guided)[-1])  # the stage the teacher guided
+            if args.teacher_checkpoint:
+                args.teacher_checkpoint = str(_guiding_teacher(guided, args.teacher_checkpoint, teacher_root,
+                                                               Path(history)))
+            args.times = ','.join(str(t) for t in card_target_times(guided))
+            # the published weights replace the student's parameters anyway: nothing to load or copy before them
+            args.initial_checkpoint, args.no_init_from_teacher = '', True
+            task = build_task(args, torch.device('cpu'))  # loads the teacher, so inside the laid-out folder's life
+            task.eval()
+            student = task.get_eval_model()
+            images = _images_as_trained(args, student, data_dir, test_samples)
+            for arm, repo in zip(ARMS, (scratch, guided)):
+                student.load_state_dict(load_file(str(repo / 'model.safetensors')))
+                with torch.no_grad():
+                    gaps = task.state_gaps(images, TRAJECTORY_NORM).tolist()
+                rows.append({'student': arch, 'teacher': teacher, 'arm': arm, 'weights': repo.name,
+                             'times': [round(float(t), 3) for t in task.target_times], 'gaps': gaps})
     if not rows:
         raise FileNotFoundError(f'No guided weight under {root} has a published scratch twin trained alike: '
                                 'python -m timm_odevit.hub table --kind guided lists the pairs.')
