@@ -11,7 +11,8 @@ import timm_odevit  # noqa: F401
 from timm_odevit import data as fm
 from timm_odevit.evaluate import evaluate, evaluate_solved, parse_solver, solver_of
 from timm_odevit.layers import OdeSolverError
-from timm_odevit.train import format_command, main, model_from_checkpoint, parse_args, read_checkpoint, recorded_args
+from timm_odevit.train import (format_command, is_training_command, main, model_from_checkpoint, parse_args,
+                               read_checkpoint, recorded_args)
 from timm_odevit.train.command import RUN_PLACE_OPTIONS, input_stats
 
 ARCH = 'ssog_vit_tiny_patch4_32'
@@ -150,6 +151,8 @@ def test_card_command_reparses_to_the_same_options():
     again = vars(recorded_args(line))
     assert {k: v for k, v in again.items() if k not in {*RUN_PLACE_OPTIONS, 'trainer', 'threads'}} == \
         {k: v for k, v in vars(args).items() if k not in {*RUN_PLACE_OPTIONS, 'trainer', 'threads'}}
+    assert is_training_command(line) and not is_training_command('python train.py --model ' + ARCH)
+    assert not is_training_command('python -m timm_odevit.training --model ' + ARCH)  # whole words only
     with pytest.raises(ValueError, match='not a command of python -m timm_odevit.train'):
         recorded_args('python train.py --model ' + ARCH)
 

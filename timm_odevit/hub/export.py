@@ -25,7 +25,7 @@ from . import CARD_FILE, CONFIG_FILE, ORG, WEIGHTS_FILE
 from .. import data as fm
 from ..evaluate import evaluate_solved
 from ..models.pretrained import fmnist_input
-from ..train import PROG, checkpoint_args, model_from_checkpoint, read_checkpoint, recorded_args
+from ..train import PROG, checkpoint_args, is_training_command, model_from_checkpoint, read_checkpoint, recorded_args
 from .card import card_description, card_stages, evaluate_command, model_card, staged_lines, training_lines
 from .verify import EXPORT_FIX, RepoError, sha256_file, verify_repo, write_manifest
 
@@ -196,7 +196,7 @@ def remeasure(folder: str, full_test: bool = True) -> Dict[str, Any]:
         raise ValueError(f'{repo / CARD_FILE} states no recipe to keep; re-export the checkpoint with `hub export`.')
     arch, _, tag = repo.name.partition('.')
     command = stages[-1]['command'].strip('`')
-    solver = trained_solver(recorded_args(command).model_kwargs) if f' {PROG} ' in f' {command} ' else {}
+    solver = trained_solver(recorded_args(command).model_kwargs) if is_training_command(command) else {}
     dtype = stored_dtype(repo / WEIGHTS_FILE)
     model = timm.create_model(f'local-dir:{repo.resolve()}', pretrained=True, **solver).eval()
     metrics = measure(model, str(repo), full_test, architecture_solver(arch, model))

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 from ..models.families import FAMILIES, SETTINGS, Family, family_of
-from ..train import PROG, format_command, read_summary, recorded_args
+from ..train import PROG, format_command, is_training_command, read_summary, recorded_args
 from . import CARD_FILE
 
 __all__ = ['card_commands', 'card_facts', 'card_teacher_sha256', 'guided_table', 'learning_curves',
@@ -189,7 +189,7 @@ def guided_pairs(root: Path) -> Iterator[Tuple[str, str, Path, Path]]:
     published = []
     for repo in sorted(p for p in Path(root).iterdir() if p.is_dir()):
         commands = card_commands(repo)
-        if commands and all(f' {PROG} ' in f' {c} ' for c in commands):
+        if commands and all(map(is_training_command, commands)):
             published.append((repo, recorded_args(commands[-1]), [_scratch_command(c) for c in commands]))
     for guided, args, recipe in published:
         if not args.teacher or args.distill != 'trajectory':

@@ -45,8 +45,8 @@ from ..evaluate import evaluate
 from ..models import DepthVisionTransformer
 from .checkpoint import checkpoint_args, read_checkpoint
 
-__all__ = ['parse_args', 'build_task', 'distillation_options', 'format_command', 'main', 'read_summary',
-           'recorded_args', 'PROG']
+__all__ = ['parse_args', 'build_task', 'distillation_options', 'format_command', 'is_training_command', 'main',
+           'read_summary', 'recorded_args', 'PROG']
 
 _logger = logging.getLogger('timm_odevit.train')
 _console_logging = False
@@ -200,11 +200,21 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     return args
 
 
+def _options_start(argv: List[str]) -> Optional[int]:
+    prog = PROG.split()
+    return next((i + len(prog) for i in range(len(argv)) if argv[i:i + len(prog)] == prog), None)
+
+
+def is_training_command(command: str) -> bool:
+    """Whether a recorded command line runs this training command (older cards name a former trainer)."""
+    return _options_start(shlex.split(command)) is not None
+
+
 def recorded_args(command: str) -> argparse.Namespace:
     """The options of a recorded command line (a run's ``command.txt`` line, a card's command), parsed but not
     checked: its data folder and checkpoints lived on the machine that ran it, not necessarily on this one."""
-    argv, prog = shlex.split(command), PROG.split()
-    start = next((i + len(prog) for i in range(len(argv)) if argv[i:i + len(prog)] == prog), None)
+    argv = shlex.split(command)
+    start = _options_start(argv)
     if start is None:
         raise ValueError(f'not a command of {PROG}: {command!r}')
     return _parser().parse_args(argv[start:])
