@@ -367,24 +367,24 @@ def _guiding_teacher(guided: Path, named: str, teacher_root: Optional[Path], his
     from ..hub.verify import sha256_file, version_from_history
     sha = card_teacher_sha256(guided)
     path = Path(teacher_root or '.') / named
-    if teacher_root is None and sha and not (path.is_file() and sha256_file(path) == sha):
-        data = version_from_history(named, sha)
-        if data is not None:
-            path = history / named
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_bytes(data)
-            return path
+    held = sha256_file(path) if path.is_file() else None
+    if held is not None and (not sha or held == sha):
+        return path
+    data = version_from_history(named, sha) if teacher_root is None and sha else None
+    if data is not None:
+        path = history / named
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(data)
+        return path
     where = teacher_root or 'the working directory nor, with its sha256, in git history'
     lay_out = (f'lay that version out (git log --format=%h -- {named} lists them in a full clone; a shallow one lacks '
                'older versions) in a folder of its own and pass it as --teacher-root')
-    if not path.is_file():
+    if held is None:
         raise FileNotFoundError(f'{guided.name} was guided by {named}, which is not under {where}: run from the '
                                 f'repository root, or {lay_out}.')
-    if sha and sha256_file(path) != sha:
-        raise ValueError(f'{guided.name} was guided by {named} with sha256 {sha}, and {path} holds other weights'
-                         f'{"" if teacher_root else ", as does every version in git history"}: {lay_out}, to measure '
-                         'the trajectory against the teacher that guided it.')
-    return path
+    raise ValueError(f'{guided.name} was guided by {named} with sha256 {sha}, and {path} holds other weights'
+                     f'{"" if teacher_root else ", as does every version in git history"}: {lay_out}, to measure the '
+                     'trajectory against the teacher that guided it.')
 
 
 def write_weights_trajectory(root: Path, out_dir: Path, test_samples: int = 256,
