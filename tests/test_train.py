@@ -89,6 +89,15 @@ def test_resume_refuses_another_architecture(tmp_path):
         main(command(tmp_path, '--epochs', '2', '--resume', last, '--model', 'looped_ssog_tiny_patch4_32'))
 
 
+def test_a_new_run_refuses_a_named_folder_holding_another_run(tmp_path):
+    main(command(tmp_path, '--epochs', '1'))
+    run = tmp_path / 'run'
+    before = {name: (run / name).read_bytes() for name in ('summary.csv', 'command.txt', 'last.pth.tar')}
+    with pytest.raises(FileExistsError, match=f'--experiment run: .* --resume {run / "last.pth.tar"}'):
+        main(command(tmp_path, '--epochs', '1', '--lr', '1e-4'))
+    assert {name: (run / name).read_bytes() for name in before} == before  # nothing of the first run is touched
+
+
 def test_torchcompile_checkpoint_has_plain_keys_and_starts_a_next_stage(tmp_path):
     result = main(command(tmp_path, '--epochs', '1', '--torchcompile', 'eager'))
     last = str(tmp_path / 'run' / 'last.pth.tar')

@@ -323,6 +323,21 @@ def input_stats(args: argparse.Namespace, data_cfg: Dict[str, Any]) -> Tuple[Tup
     return mean, std
 
 
+def _check_run_folder(args: argparse.Namespace) -> None:
+    """Refuse a new run in a named folder where another run trained at least one epoch: its epochs would be appended
+    to that run's summary.csv and command.txt, and its checkpoints overwritten. Resuming that run in place is fine."""
+    if not args.experiment:
+        return  # the default name is new each time (date and time)
+    folder = os.path.join(args.output, args.experiment)
+    if args.resume and os.path.dirname(os.path.abspath(args.resume)) == os.path.abspath(folder):
+        return
+    held = [n for n in ('summary.csv', 'results.json', 'last.pth.tar') if os.path.isfile(os.path.join(folder, n))]
+    if held:
+        raise FileExistsError(f'--experiment {args.experiment}: {folder} holds another run ({", ".join(held)}). '
+                              f'Continue it with --resume {os.path.join(folder, "last.pth.tar")}, or name another '
+                              '--experiment.')
+
+
 def _check_resume(args: argparse.Namespace) -> None:
     """Refuse a checkpoint of another architecture: its weights would load into the wrong model (an ODE model of
     another depth has the same tensors) or fail deep inside timm."""
@@ -425,6 +440,7 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
         # once per process: a second run (tests, notebooks) would add a second console handler, every line twice
         setup_default_logging()
         _console_logging = True
+    _check_run_folder(args)
     if args.resume:
         _check_resume(args)
     info = init_distributed_device_so(device=args.device)
