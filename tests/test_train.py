@@ -310,4 +310,4 @@ def test_img_size_sets_a_cnns_input_and_refuses_a_vits_other_size(tmp_path, monk
     assert seen and set(seen) == {(1, 16, 16)}
     monkeypatch.undo()
     with pytest.raises(ValueError, match='--model-kwargs img_size=64'):
-        main(command(tmp_path, '--epochs', '1', '--img-size', '64'))
+        main(command(tmp_path / 'vit', '--epochs', '1', '--img-size', '64'))
