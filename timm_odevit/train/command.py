@@ -323,13 +323,18 @@ def input_stats(args: argparse.Namespace, data_cfg: Dict[str, Any]) -> Tuple[Tup
     return mean, std
 
 
+def _resumes_in(args: argparse.Namespace, folder: str) -> bool:
+    """Whether this command continues the run whose checkpoint lies in ``folder`` (its record is kept there)."""
+    return bool(args.resume) and os.path.dirname(os.path.abspath(args.resume)) == os.path.abspath(folder)
+
+
 def _check_run_folder(args: argparse.Namespace) -> None:
     """Refuse a new run in a named folder where another run trained at least one epoch: its epochs would be appended
     to that run's summary.csv and command.txt, and its checkpoints overwritten. Resuming that run in place is fine."""
     if not args.experiment:
         return  # the default name is new each time (date and time)
     folder = os.path.join(args.output, args.experiment)
-    if args.resume and os.path.dirname(os.path.abspath(args.resume)) == os.path.abspath(folder):
+    if _resumes_in(args, folder):
         return
     held = [n for n in ('summary.csv', 'results.json', 'last.pth.tar') if os.path.isfile(os.path.join(folder, n))]
     if held:
@@ -525,7 +530,7 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
             f.write(' '.join([PROG] + [shlex.quote(a) for a in argv]) + '\n')
         saver = CheckpointSaver(model=model, optimizer=optimizer, args=args, task=task, checkpoint_dir=output_dir,
                                 recovery_dir=output_dir, decreasing=False, max_history=args.checkpoint_hist)
-        if args.resume and os.path.dirname(os.path.abspath(args.resume)) == os.path.abspath(output_dir):
+        if _resumes_in(args, output_dir):
             saver.load_state_dict_from_checkpoint(args.resume)
             history = _history_before(output_dir, start_epoch)  # the epochs before the resume stay in the record
         n_train = sum(p.numel() for p in task.get_trainable_module().parameters() if p.requires_grad)
