@@ -402,7 +402,7 @@ def test_state_norms():
     from timm_odevit.distill import STATE_NORMS, state_matching_loss
     g = torch.Generator().manual_seed(0)
     s, t = torch.randn(3, 4, 5, 16, generator=g), torch.randn(3, 4, 5, 16, generator=g)
-    assert set(STATE_NORMS) == {'none', 'layernorm', 'cosine', 'standardize'}
+    assert set(STATE_NORMS) == {'none', 'layernorm', 'cosine', 'standardize', 'gram'}
     for norm in STATE_NORMS:
         assert float(state_matching_loss(t, t, norm)) == pytest.approx(0., abs=1e-5)
     big = 10 * t + 3
@@ -415,6 +415,31 @@ def test_state_norms():
     assert float(state_matching_loss(big + 0.1 * s, big, 'standardize')) < 0.1
     with pytest.raises(ValueError, match='state norm'):
         state_matching_loss(s, t, 'l2')
+
+
+def test_gram_state_norm_asks_for_the_teachers_relations_not_its_basis(batch):
+    """'gram' compares how the images of a batch relate: a student whose states are the teacher's rotated, scaled
+    and shifted has lost nothing (every other distance says it is far), one that relates them otherwise is far; a
+    batch of one image has no relations to compare and is refused by name."""
+    from timm_odevit.distill import state_matching_loss
+    g = torch.Generator().manual_seed(0)
+    s, t = torch.randn(3, 8, 5, 16, generator=g), torch.randn(3, 8, 5, 16, generator=g)
+    rotation, _ = torch.linalg.qr(torch.randn(16, 16, generator=g))
+    turned = 3 * t @ rotation + 2
+    assert float(state_matching_loss(turned, t, 'gram')) == pytest.approx(0., abs=1e-5)
+    for norm in ('layernorm', 'cosine', 'standardize'):
+        assert float(state_matching_loss(turned, t, norm)) > 0.5 * float(state_matching_loss(s, t, norm))
+    torch.testing.assert_close(state_matching_loss(s @ rotation, t, 'gram'), state_matching_loss(s, t, 'gram'))
+    assert float(state_matching_loss(s, t, 'gram')) > 0.1
+    with pytest.raises(ValueError, match='batch of at least 2'):
+        state_matching_loss(s[:, :1], t[:, :1], 'gram')
+    # through the task: a gradient reaches the student, and its per-target gaps are those the loss sums
+    x, y = batch
+    task = TrajectoryDistillationTask(make_student(), make_teacher(), state_norm='gram', verbose=False)
+    out = task(x, y)
+    out['state_loss'].backward()
+    assert any(p.grad is not None and p.grad.abs().sum() > 0 for p in task.trainable_module_student().parameters())
+    torch.testing.assert_close(task.state_gaps(x).sum(), out['state_loss'].detach(), rtol=1e-4, atol=1e-5)
 
 
 def test_distill_terms_decay_to_zero_at_their_end_epoch(batch):

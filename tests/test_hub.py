@@ -934,9 +934,29 @@ def test_version_from_history_finds_a_replaced_file_by_its_hash(tmp_path, monkey
     assert version_from_history(path, shas[0], tmp_path / 'plain') is None
 
 
+def test_the_guiding_teacher_is_the_last_guided_stages(tmp_path):
+    """A continued weight's card can name a teacher per stage (a CNN's logit KD, then the trajectory's teacher):
+    the hash and target times that the trajectory is measured with are those of the last guided stage."""
+    from timm_odevit.hub.table import card_target_times, card_teacher_sha256
+    first, last = 'a' * 64, 'b' * 64
+    (tmp_path / 'README.md').write_text(
+        '- **Training recipe:**\n'
+        f'  - stage 1 of 2, teacher guidance: teacher `resnet18` (weights `t/cnn.pth.tar`, sha256 {first}); logit KD\n'
+        f'  - stage 2 of 2, teacher guidance: teacher `vit` (weights `t/vit.safetensors`, sha256 {last}); 2 targets '
+        '(teacher blocks: all) at student times 1.5, 3 (rule uniform); loss = 1 x label loss\n')
+    assert card_teacher_sha256(tmp_path) == last and card_target_times(tmp_path) == [1.5, 3.0]
+    (tmp_path / 'README.md').write_text(f'  - teacher guidance: teacher `vit` (weights `t/vit.safetensors`, sha256 '
+                                        f'{first}); 1 targets (teacher blocks: all) at student times 2 (rule uniform)\n')
+    assert card_teacher_sha256(tmp_path) == first and card_target_times(tmp_path) == [2.0]
+    (tmp_path / 'README.md').write_text('  - stage 1 of 1, teacher guidance: teacher `vit`; loss = 1 x label loss\n')
+    assert card_teacher_sha256(tmp_path) is None
+    with pytest.raises(ValueError, match='states no student times'):
+        card_target_times(tmp_path)
+
+
 def test_trajectory_of_the_published_students(tmp_path, monkeypatch):
     """hub trajectory reads each guided pair from the published files alone (card commands, card times, the teacher
-    the card names): the guided student's CLS states follow the teacher's block outputs, its scratch twin's do not;
+    the card names): the guided student relates the images as its teacher does, its scratch twin does not;
     a teacher path holding other weights than the card's hash, a missing teacher, a card without times and a folder
     without a pair are each refused, naming what is wrong."""
     from safetensors.torch import save_file
@@ -958,9 +978,13 @@ def test_trajectory_of_the_published_students(tmp_path, monkeypatch):
     times = card_target_times(tmp_path / 'weights' / names[1])
     assert len(times) == 12 and times[-1] == 12.0
     rows = (tmp_path / 'out' / 'trajectory.csv').read_text().splitlines()
-    assert rows[0] == 'student,teacher,arm,weights,time,gap' and len(rows) == 1 + 2 * len(times)
-    gaps = {arm: [float(r.split(',')[-1]) for r in rows[1:] if f',{arm},' in r] for arm in ('scratch', 'guided')}
-    assert max(gaps['guided']) < 0.5 < min(gaps['scratch']), gaps
+    assert rows[0] == 'student,teacher,arm,weights,distance,time,gap' and len(rows) == 1 + 2 * 2 * len(times)
+    gaps = {(arm, distance): [float(r.split(',')[-1]) for r in rows[1:] if f',{arm},' in r and f',{distance},' in r]
+            for arm in ('scratch', 'guided') for distance in ('cosine', 'gram')}
+    assert all(len(g) == len(times) for g in gaps.values()), gaps
+    # the guided student relates the images as its teacher does, its scratch twin does not (in any basis)
+    assert sum(gaps['guided', 'gram']) < 0.5 * sum(gaps['scratch', 'gram']), gaps
+    assert min(gaps['scratch', 'cosine']) > 0.5, gaps  # and the scratch twin's states are far from the teacher's
     assert f'`{names[1]}`' in table and 'first 8 Fashion-MNIST' in table
     # the same path holding other weights (a teacher re-trained in place) is refused
     other = tmp_path / 'teacher_root'

@@ -5,7 +5,7 @@ import torch.nn.functional as F
 __all__ = ['STATE_NORMS', 'state_matching_loss', 'cls_attention_loss', 'logit_kd_loss', 'jasmin_loss', 'jasmin_g']
 
 
-STATE_NORMS = ('none', 'layernorm', 'cosine', 'standardize')
+STATE_NORMS = ('none', 'layernorm', 'cosine', 'standardize', 'gram')
 
 
 def state_matching_loss(student: torch.Tensor, teacher: torch.Tensor, norm: str = 'none') -> torch.Tensor:
@@ -15,12 +15,20 @@ def state_matching_loss(student: torch.Tensor, teacher: torch.Tensor, norm: str 
     against a label loss near 1.6 in our first runs) and would drown the label loss:
     'none' the raw MSE (the paper); 'layernorm' the MSE of both states after a per-token LayerNorm without affine
     parameters (scale- and shift-free); 'cosine' 1 - cosine similarity per token; 'standardize' the MSE after
-    standardising both by the teacher's per-dimension mean and std at that target (over batch and tokens).
+    standardising both by the teacher's per-dimension mean and std at that target (over batch and tokens);
+    'gram' the MSE between the two batches' similarity matrices (similarity-preserving KD, Tung & Mori 2019): per
+    token position, the cosine similarity of every pair of images' states, centred over the batch. 'gram' is the only one of these
+    distances that any rotation of the student's state space leaves unchanged, so a student that already has a trained
+    trajectory is asked to relate images as the teacher does, not to turn its states into the teacher's basis (the
+    other distances start near their maximum for a trained student whose states are orthogonal to the teacher's).
     """
     if student.shape != teacher.shape:
         raise ValueError(f'State shapes differ: student {tuple(student.shape)}, teacher {tuple(teacher.shape)}.')
     if norm not in STATE_NORMS:
         raise ValueError(f'state norm must be one of {STATE_NORMS}, got {norm!r}.')
+    if norm == 'gram':
+        student, teacher = _batch_similarity(student), _batch_similarity(teacher)
+        return F.mse_loss(student, teacher, reduction='none').flatten(1).mean(1).sum()
     if norm == 'cosine':
         return (1 - F.cosine_similarity(student, teacher, dim=-1)).flatten(1).mean(1).sum()
     if norm == 'layernorm':
@@ -32,6 +40,17 @@ def state_matching_loss(student: torch.Tensor, teacher: torch.Tensor, norm: str 
         std = teacher.std(dim=dims, keepdim=True).clamp_min(1e-6)
         student, teacher = (student - mean) / std, (teacher - mean) / std
     return F.mse_loss(student, teacher, reduction='none').flatten(1).mean(1).sum()
+
+
+def _batch_similarity(states: torch.Tensor) -> torch.Tensor:
+    """[K, B, ..., D] -> [K, N, B, B]: cosine similarity of every pair of images' states per token, centred over the
+    batch (as CKA does: a per-feature centring commutes with a rotation, a per-token LayerNorm would not)."""
+    if states.shape[1] < 2:
+        raise ValueError(f"The 'gram' state norm compares images with each other and needs a batch of at least 2, "
+                         f"got {states.shape[1]}: use a larger batch or another state norm.")
+    k, b, d = states.shape[0], states.shape[1], states.shape[-1]
+    tokens = F.normalize(states - states.mean(dim=1, keepdim=True), dim=-1).reshape(k, b, -1, d).transpose(1, 2)
+    return tokens @ tokens.transpose(-1, -2)
 
 
 def _cls_to_patches(attn: torch.Tensor, num_prefix_tokens: int) -> torch.Tensor:

@@ -139,7 +139,8 @@ class TrajectoryDistillationTask(TrainingTask):
         state_tokens: match the CLS token only ('cls', as the paper) or CLS and all patch tokens ('all').
         state_norm: what the state loss compares (``losses.STATE_NORMS``): 'layernorm' (the default: both states
             LayerNorm'd without affine parameters, so the loss's scale does not depend on the teacher's state norm),
-            'none' the raw MSE (the paper), 'cosine' or 'standardize' (see ``state_matching_loss``).
+            'none' the raw MSE (the paper), 'cosine', 'standardize' or 'gram' (the batch's similarity matrices,
+            blind to a rotation of the student's states; see ``state_matching_loss``).
         state_loss_weight, attn_loss_weight, kd_loss_weight, task_loss_weight, jasmin_weight: term weights.
         kd_temperature: logit KD temperature.
         task_loss_start_epoch: first epoch (see ``set_epoch``) at which the label loss counts (paper: 200 of 300).

@@ -200,10 +200,18 @@ def guided_pairs(root: Path) -> Iterator[Tuple[str, str, Path, Path]]:
                 yield arch, args.teacher, scratch, guided
 
 
-def card_target_times(repo_dir: Path) -> List[float]:
-    """The student times of a guided weight's targets, as its card states them (rounded as the card writes them)."""
+def _guiding_stage_line(repo_dir: Path) -> Optional[str]:
+    """The card's teacher guidance line of its last guided stage: the stage that guided the trajectory (earlier
+    stages of a continued weight may name other teachers, e.g. a CNN's logit KD)."""
     card = (Path(repo_dir) / CARD_FILE).read_text(encoding='utf-8')
-    m = re.search(r'at student times ([\d., ]+) \(rule', card)
+    lines = re.findall(r'^\s*- (?:stage \d+ of \d+, )?teacher guidance: (.*)$', card, flags=re.M)
+    return lines[-1] if lines else None
+
+
+def card_target_times(repo_dir: Path) -> List[float]:
+    """The student times of a guided weight's targets, as its card states them for the guided (last guided) stage,
+    rounded as the card writes them."""
+    m = re.search(r'at student times ([\d., ]+) \(rule', _guiding_stage_line(repo_dir) or '')
     if not m:
         raise ValueError(f'{repo_dir / CARD_FILE} states no student times of its targets: is it a guided weight, '
                          'exported by python -m timm_odevit.hub export?')
@@ -211,10 +219,9 @@ def card_target_times(repo_dir: Path) -> List[float]:
 
 
 def card_teacher_sha256(repo_dir: Path) -> Optional[str]:
-    """The sha256 of the teacher weights that guided a weight, as its card states it (None where the card names no
-    hash: cards exported before runs recorded one)."""
-    card = (Path(repo_dir) / CARD_FILE).read_text(encoding='utf-8')
-    m = re.search(r'\(weights `[^`]+`, sha256 ([0-9a-f]{64})\)', card)
+    """The sha256 of the teacher weights that guided a weight's trajectory (its last guided stage), as its card states
+    it (None where that stage names no hash: cards exported before runs recorded one)."""
+    m = re.search(r'\(weights `[^`]+`, sha256 ([0-9a-f]{64})\)', _guiding_stage_line(repo_dir) or '')
     return m.group(1) if m else None
 
 

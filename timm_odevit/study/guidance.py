@@ -35,6 +35,8 @@ ARMS = ('scratch', 'guided')
 PAPER_GUIDANCE_GAIN = 10.0
 # the trajectory is compared scale-free (1 - cosine of CLS states): raw states of teacher and student differ in norm
 TRAJECTORY_NORM = 'cosine'
+# the published students' trajectory: in the teacher's basis, and as relations between images (blind to a basis)
+WEIGHTS_TRAJECTORY_NORMS = ('cosine', 'gram')
 # model kwargs that choose how an ODE trunk is solved, not what it is (what set_solver takes): left out to build
 # the registered solver
 SOLVER_KWARGS = tuple(f'ode_{name}' for name in inspect.signature(OdeDepth.set_solver).parameters if name != 'self')
@@ -418,10 +420,12 @@ def write_weights_trajectory(root: Path, out_dir: Path, test_samples: int = 256,
             images = _images_as_trained(args, student, data_dir, test_samples)
             for arm, repo in zip(ARMS, (scratch, guided)):
                 student.load_state_dict(load_file(str(repo / 'model.safetensors')))
-                with torch.no_grad():
-                    gaps = task.state_gaps(images, TRAJECTORY_NORM).tolist()
-                rows.append({'student': arch, 'teacher': teacher, 'arm': arm, 'weights': repo.name,
-                             'times': [round(float(t), 3) for t in task.target_times], 'gaps': gaps})
+                for distance in WEIGHTS_TRAJECTORY_NORMS:
+                    with torch.no_grad():
+                        gaps = task.state_gaps(images, distance).tolist()
+                    rows.append({'student': arch, 'teacher': teacher, 'arm': arm, 'weights': repo.name,
+                                 'distance': distance, 'times': [round(float(t), 3) for t in task.target_times],
+                                 'gaps': gaps})
     if not rows:
         raise FileNotFoundError(f'No guided weight under {root} has a published scratch twin trained alike: '
                                 'python -m timm_odevit.hub table --kind guided lists the pairs.')
@@ -429,21 +433,24 @@ def write_weights_trajectory(root: Path, out_dir: Path, test_samples: int = 256,
     out.mkdir(parents=True, exist_ok=True)
     with open(out / 'trajectory.csv', 'w', newline='') as f:
         w = csv.writer(f)
-        w.writerow(['student', 'teacher', 'arm', 'weights', 'time', 'gap'])
+        w.writerow(['student', 'teacher', 'arm', 'weights', 'distance', 'time', 'gap'])
         for r in rows:
-            w.writerows([r['student'], r['teacher'], r['arm'], r['weights'], t, round(g, 4)]
+            w.writerows([r['student'], r['teacher'], r['arm'], r['weights'], r['distance'], t, round(g, 4)]
                         for t, g in zip(r['times'], r['gaps']))
     lines = []
     for i, r in enumerate(rows):
         if i == 0 or r['times'] != rows[i - 1]['times']:
             lines += ([''] if lines else []) + [
-                '| student | teacher | weights | ' + ' | '.join(f't = {t:g}' for t in r['times']) + ' |',
-                '|---|---|---|' + '---:|' * len(r['times'])]
-        lines.append(f'| `{r["student"]}` | `{r["teacher"]}` | `{r["weights"]}` | '
+                '| student | teacher | weights | distance | ' + ' | '.join(f't = {t:g}' for t in r['times']) + ' |',
+                '|---|---|---|---|' + '---:|' * len(r['times'])]
+        lines.append(f'| `{r["student"]}` | `{r["teacher"]}` | `{r["weights"]}` | {r["distance"]} | '
                      + ' | '.join(f'{g:.3f}' for g in r['gaps']) + ' |')
-    lines += ['', f'1 - cosine similarity of the student\'s CLS state at each target time of the guided card and the '
-                  f'teacher\'s block output, mean over the first {len(images)} Fashion-MNIST test images (0 = aligned, '
-                  '1 = orthogonal).']
+    lines += ['', f'Distance between the student\'s CLS state at each target time of the guided card and the teacher\'s '
+                  f'block output on the first {len(images)} Fashion-MNIST test images: cosine, 1 - cosine similarity '
+                  '(mean over images; 0 = aligned, 1 = orthogonal), asks whether the student\'s states point where '
+                  'the teacher\'s do; gram, the mean squared difference of the two similarity matrices of the images '
+                  '(`--state-norm gram`; 0 = the images relate alike), asks whether they relate the images as the '
+                  'teacher\'s do, in any basis.']
     table = '\n'.join(lines) + '\n'
     (out / 'trajectory.md').write_text(table)
     return table
