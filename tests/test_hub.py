@@ -875,13 +875,13 @@ def test_guided_table_pairs_weights_continued_from_the_same_earlier_stage(tmp_pa
     """A guided weight continued from earlier weights pairs with the scratch weight continued from the same ones by
     the same last-stage command without the teacher; an earlier stage trained otherwise is not a pair."""
     from timm_odevit.hub.table import card_commands, guided_table
-    base = 'odevit_tiny_patch4_32'  # the published scratch student: stages continued, no teacher in any
+    base = 'odevit_tiny_patch4_32'  # the published scratch student: stages continued, no teacher in the last
     scratch, guided = tmp_path / f'{base}.fmnist', tmp_path / f'{base}.fmnist_distilled'
     shutil.copytree(REPO_ROOT / 'weights' / scratch.name, scratch)
     shutil.copytree(scratch, guided)
     card = guided / 'README.md'
     last = card_commands(scratch)[-1]
-    assert len(card_commands(scratch)) >= 2 and '--initial-checkpoint' in last and '--teacher' not in card.read_text()
+    assert len(card_commands(scratch)) >= 2 and '--initial-checkpoint' in last and '--teacher' not in last
     card.write_text(card.read_text().replace(last, last.replace(f'--model {base} ',
                                                                 f'--model {base} --teacher ssog_vit_tiny_patch4_32 ')))
     rows = guided_table(tmp_path).splitlines()[2:]
