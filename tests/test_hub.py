@@ -945,8 +945,9 @@ def test_the_guiding_teacher_is_the_last_guided_stages(tmp_path):
         f'  - stage 2 of 2, teacher guidance: teacher `vit` (weights `t/vit.safetensors`, sha256 {last}); 2 targets '
         '(teacher blocks: all) at student times 1.5, 3 (rule uniform); loss = 1 x label loss\n')
     assert card_teacher_sha256(tmp_path) == last and card_target_times(tmp_path) == [1.5, 3.0]
-    (tmp_path / 'README.md').write_text(f'  - teacher guidance: teacher `vit` (weights `t/vit.safetensors`, sha256 '
-                                        f'{first}); 1 targets (teacher blocks: all) at student times 2 (rule uniform)\n')
+    (tmp_path / 'README.md').write_text(f'  - teacher guidance: teacher `vit` (weights `t/vit.safetensors`, '
+                                        f'sha256 {first}); 1 targets (teacher blocks: all) at student times 2 '
+                                        '(rule uniform)\n')
     assert card_teacher_sha256(tmp_path) == first and card_target_times(tmp_path) == [2.0]
     (tmp_path / 'README.md').write_text('  - stage 1 of 1, teacher guidance: teacher `vit`; loss = 1 x label loss\n')
     assert card_teacher_sha256(tmp_path) is None

@@ -17,10 +17,11 @@ def state_matching_loss(student: torch.Tensor, teacher: torch.Tensor, norm: str 
     parameters (scale- and shift-free); 'cosine' 1 - cosine similarity per token; 'standardize' the MSE after
     standardising both by the teacher's per-dimension mean and std at that target (over batch and tokens);
     'gram' the MSE between the two batches' similarity matrices (similarity-preserving KD, Tung & Mori 2019): per
-    token position, the cosine similarity of every pair of images' states, centred over the batch. 'gram' is the only one of these
-    distances that any rotation of the student's state space leaves unchanged, so a student that already has a trained
-    trajectory is asked to relate images as the teacher does, not to turn its states into the teacher's basis (the
-    other distances start near their maximum for a trained student whose states are orthogonal to the teacher's).
+    token position, the cosine similarity of every pair of images' states, centred over the batch. 'gram' is the
+    only one of these distances that any rotation of the student's state space leaves unchanged, so a student that
+    already has a trained trajectory is asked to relate images as the teacher does, not to turn its states into the
+    teacher's basis (the other distances start near their maximum for a trained student whose states are orthogonal
+    to the teacher's).
     """
     if student.shape != teacher.shape:
         raise ValueError(f'State shapes differ: student {tuple(student.shape)}, teacher {tuple(teacher.shape)}.')

@@ -445,12 +445,12 @@ def write_weights_trajectory(root: Path, out_dir: Path, test_samples: int = 256,
                 '|---|---|---|---|' + '---:|' * len(r['times'])]
         lines.append(f'| `{r["student"]}` | `{r["teacher"]}` | `{r["weights"]}` | {r["distance"]} | '
                      + ' | '.join(f'{g:.3f}' for g in r['gaps']) + ' |')
-    lines += ['', f'Distance between the student\'s CLS state at each target time of the guided card and the teacher\'s '
-                  f'block output on the first {len(images)} Fashion-MNIST test images: cosine, 1 - cosine similarity '
-                  '(mean over images; 0 = aligned, 1 = orthogonal), asks whether the student\'s states point where '
-                  'the teacher\'s do; gram, the mean squared difference of the two similarity matrices of the images '
-                  '(`--state-norm gram`; 0 = the images relate alike), asks whether they relate the images as the '
-                  'teacher\'s do, in any basis.']
+    lines += ['', f'Distance between the student\'s CLS state at each target time of the guided card and the '
+                  f'teacher\'s block output on the first {len(images)} Fashion-MNIST test images: cosine, 1 - cosine '
+                  'similarity (mean over images; 0 = aligned, 1 = orthogonal), asks whether the student\'s states '
+                  'point where the teacher\'s do; gram, the mean squared difference of the two similarity matrices of '
+                  'the images (`--state-norm gram`; 0 = the images relate alike), asks whether they relate the images '
+                  'as the teacher\'s do, in any basis.']
     table = '\n'.join(lines) + '\n'
     (out / 'trajectory.md').write_text(table)
     return table
