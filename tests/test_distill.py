@@ -122,7 +122,8 @@ def test_label_loss_starts_at_its_epoch(batch):
 
 @pytest.mark.parametrize('norm', ['none', 'layernorm'])
 def test_state_gaps_are_the_state_loss_per_target(batch, norm):
-    """state_gaps(x) gives one distance per target time, and their sum is the step's state loss."""
+    """state_gaps(x) gives one distance per target time, and their sum is the step's state loss; several distances
+    give a row each."""
     task = TrajectoryDistillationTask(make_student(), make_teacher(), state_norm=norm, kd_loss_weight=1.,
                                       verbose=False).eval()
     gaps = task.state_gaps(batch[0])
@@ -131,6 +132,9 @@ def test_state_gaps_are_the_state_loss_per_target(batch, norm):
         assert float(gaps.sum()) == pytest.approx(float(task(*batch)['state_loss']), rel=1e-5)
     cosine = task.state_gaps(batch[0], 'cosine')
     assert ((cosine > 0) & (cosine <= 2)).all() and not torch.allclose(cosine, gaps)
+    both = task.state_gaps(batch[0], (norm, 'cosine'))  # several distances: a row each, from one solve
+    assert both.shape == (2, 3)
+    torch.testing.assert_close(both, torch.stack([gaps, cosine]))
 
 
 # ------------------------------------------------------------------------------------------------ time mapping

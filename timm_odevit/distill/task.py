@@ -477,17 +477,21 @@ class TrajectoryDistillationTask(TrainingTask):
         return {'loss': total, 'output': logits, **terms}
 
     @torch.no_grad()
-    def state_gaps(self, input: torch.Tensor, norm: Optional[str] = None) -> torch.Tensor:
+    def state_gaps(self, input: torch.Tensor, norm: Optional[Union[str, Sequence[str]]] = None) -> torch.Tensor:
         """Per target k, the distance (``norm``, default the task's ``state_norm``) between the student's state at
-        time t_k and the teacher's block k output on a batch: the trajectory that the state loss sums, [K]."""
+        time t_k and the teacher's block k output on a batch: the trajectory that the state loss sums, [K]. Several
+        norms give one row each, [len(norm), K], from one teacher forward and one solve."""
         if self.target_times is None:
             self.calibrate(input)
         input_kd = self.teacher.normalize_input(input, self.student_mean, self.student_std)
         t = self._teacher_forward(input_kd, need_attn=False)
         _, states, _ = self.trainable_module(input, self.target_times.tolist(), return_attn=False)
         teacher_states = t['states'].to(states.dtype)
-        return torch.stack([state_matching_loss(states[k:k + 1], teacher_states[k:k + 1], norm or self.state_norm)
-                            for k in range(states.shape[0])])
+        single = norm is None or isinstance(norm, str)
+        norms = [norm or self.state_norm] if single else list(norm)
+        gaps = torch.stack([torch.stack([state_matching_loss(states[k:k + 1], teacher_states[k:k + 1], n)
+                                         for k in range(states.shape[0])]) for n in norms])
+        return gaps[0] if single else gaps
 
     def guidance_summary(self) -> Dict[str, Any]:
         """The guidance as trained, defaults resolved and 'paper' times calibrated: what a run records in its
