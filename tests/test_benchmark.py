@@ -267,6 +267,51 @@ def test_gpu_script_dry_run(tmp_path):
     assert {r['precision'] for r in ode} == {'amp_bfloat16'}
 
 
+def _gpu_weights_script():
+    import importlib.util
+    spec = importlib.util.spec_from_file_location('fmnist_weights', os.path.join(ROOT, 'examples', 'gpu',
+                                                                                 'fmnist_weights.py'))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_gpu_weights_ema_follows_the_run_length():
+    """A tenth of the run as the EMA's horizon: 0.998 (500 steps) was half of the first GPU attempt's runs."""
+    ema_decay = _gpu_weights_script().ema_decay
+    assert ema_decay(1170) == pytest.approx(1 - 1 / 117, abs=1e-5)  # 10 epochs at batch 512
+    assert ema_decay(14040) == pytest.approx(1 - 1 / 1404, abs=1e-5)  # 120 epochs
+    assert ema_decay(100) == 0.99 and ema_decay(10 ** 7) == 0.9999  # clipped at both ends
+    assert ema_decay(1170) < ema_decay(14040)
+
+
+def test_gpu_weights_script_dry_run(tmp_path):
+    """examples/gpu/fmnist_weights.py end to end on the CPU, one run on the bundled sample: calibration, the epochs
+    and EMA decay it fits, the training command, the packed run folder a GPU call brings back."""
+    import tarfile
+    from timm_odevit.data import SAMPLE_DIR
+    out, work = tmp_path / 'out', tmp_path / 'work'
+    env = dict(os.environ, OMP_NUM_THREADS='1', PYTHONPATH=ROOT)
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, 'examples', 'gpu', 'fmnist_weights.py'), str(out),
+                           '--data-dir', str(SAMPLE_DIR), '--device', 'cpu', '--dry-run', '--work-dir', str(work),
+                           '--only', 'dense_vit_tiny_patch4_32.fmnist',
+                           '--train-options', '--train-split test --model-kwargs depth=2'],
+                          capture_output=True, text=True, env=env, timeout=600, cwd=ROOT)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert 'EMA decay 0.99 ' in proc.stdout and 'dense_vit_tiny_patch4_32.fmnist: exit 0' in proc.stdout
+    parts = sorted(os.listdir(out))
+    assert parts == ['weights_runs.tgz.part0']
+    with tarfile.open(out / parts[0]) as tar:
+        tar.extractall(tmp_path / 'back')
+    run = tmp_path / 'back' / 'dense_vit_tiny_patch4_32.fmnist'
+    command = (run / 'command.txt').read_text()
+    assert '--model-ema-decay 0.99' in command and '--train-split test' in command and '--epochs 1' in command
+    assert 'top1' in (run / 'results.json').read_text()
+    state = torch.load(run / 'dense_vit_tiny_patch4_32.fmnist.pth', weights_only=False)
+    assert {'state_dict', 'state_dict_ema'} <= set(state)
+    assert all(v.dtype == torch.float16 for v in state['state_dict'].values() if v.is_floating_point())
+
+
 def test_gpu_test_runner_without_pytest_collects_every_cuda_test(monkeypatch):
     """benchmarks/gpu/run_tests.py (used where pytest is missing) sees every test of tests/test_cuda.py and each
     parameter, and skips fixtures."""
