@@ -1,6 +1,7 @@
 """The matched study end to end on a tiny budget: runs (resume, locks, recipe guard), report, elasticity, export;
 the train.py YAML recipes (committed files current, every key a train.py option, every model builds)."""
 import csv
+import hashlib
 import json
 import os
 import shutil
@@ -19,7 +20,8 @@ from timm_odevit.models.pretrained import FMNIST_CFG
 from timm_odevit.study import SETTINGS, StudyRecipe, run_study, study_runs
 from timm_odevit.study.elasticity import write_elasticity
 from timm_odevit.study.export import best_runs, export_run
-from timm_odevit.study.guidance import guidance_runs, guidance_setup, guidance_variants, write_guidance_report
+from timm_odevit.study.guidance import (check_teacher, guidance_runs, guidance_setup, guidance_variants,
+                                       write_guidance_report)
 from timm_odevit.study.recipes import write_recipes
 from timm_odevit.train import read_checkpoint
 from timm_odevit.study.report import write_report
@@ -369,6 +371,49 @@ def test_guidance_variants_compare_guided_arms_of_one_setup(tmp_path):
     (variant / 'study.json').write_text(json.dumps(meta))
     with pytest.raises(ValueError, match='another student, teacher or recipe'):
         guidance_variants([REPO / 'results' / 'guidance', variant])
+
+
+def _guided_run_with_teacher(root: Path, seed: int, teacher_bytes: bytes) -> None:
+    run = root / 'runs' / f'odevit_tiny_patch4_32-guided-seed{seed}'
+    run.mkdir(parents=True)
+    (run / 'results.json').write_text(json.dumps({'top1': 80.0, 'history': [],
+                                                  'teacher_checkpoint_sha256': hashlib.sha256(teacher_bytes).hexdigest()}))
+
+
+def test_guidance_refuses_a_teacher_file_that_changed_under_its_runs(tmp_path):
+    """A comparison names its teacher by path; when that path comes to hold another weight (a published weight
+    trained further), more guided runs in the same folder, by the runner or its command line, are refused by name."""
+    from timm_odevit.study.__main__ import main as study_main
+    teacher = tmp_path / 'teacher.safetensors'
+    teacher.write_bytes(b'first teacher')
+    option = f'dense_vit_tiny_patch4_32 --teacher-checkpoint {teacher} --teacher-kwargs in_chans=1'
+    root = tmp_path / 'comparison'
+    check_teacher(root, option)  # nothing finished yet: nothing to compare with
+    _guided_run_with_teacher(root, 0, b'first teacher')
+    check_teacher(root, option)
+    check_teacher(root, 'hf-hub:timm-odevit/dense_vit_tiny_patch4_32.fmnist')  # not a local file: not checked
+    teacher.write_bytes(b'trained further')
+    with pytest.raises(ValueError, match='is not the teacher the finished guided runs .* has changed since'):
+        check_teacher(root, option)
+    with pytest.raises(ValueError, match='has changed since'):
+        study_main(['guidance', '--out-dir', str(root), '--teacher', option, '--seeds', '0', '--epochs', '1'])
+    assert not (root / 'study.json').exists()  # refused before anything was written or trained
+
+
+def test_guidance_variants_refuse_folders_guided_by_different_teacher_files(tmp_path):
+    """Same teacher option string, different weights in the file: not variants of one comparison."""
+    base, other = tmp_path / 'base', tmp_path / 'other'
+    for root, teacher in ((base, b'first teacher'), (other, b'trained further')):
+        shutil.copytree(REPO / 'results' / 'guidance', root, ignore=shutil.ignore_patterns('*.pth.tar'))
+        for seed in (0, 1):
+            result = root / 'runs' / f'odevit_tiny_patch4_32-guided-seed{seed}' / 'results.json'
+            recorded = hashlib.sha256(teacher).hexdigest()
+            result.write_text(json.dumps(dict(json.loads(result.read_text()), teacher_checkpoint_sha256=recorded)))
+    assert len(guidance_variants([base, base]).splitlines()) == 4
+    with pytest.raises(ValueError, match='another student, teacher or recipe'):
+        guidance_variants([base, other])
+    with pytest.raises(ValueError, match='another student, teacher or recipe'):
+        guidance_variants([REPO / 'results' / 'guidance', base])  # runs from before the record: not the same either
 
 
 def test_committed_recipes_are_current(tmp_path):

@@ -87,8 +87,9 @@ def main(argv: Optional[List[str]] = None) -> int:
         recipe = StudyRecipe(**{f.name: getattr(a, f.name) for f in fields(StudyRecipe)})
         setup = None
         if a.cmd == 'guidance':
-            from .guidance import guidance_runs, guidance_setup
+            from .guidance import check_teacher, guidance_runs, guidance_setup
             setup = guidance_setup(a.student, a.teacher, a.guide, a.model_kwargs, a.train_options)
+            check_teacher(Path(a.out_dir), a.teacher)
             runs = guidance_runs(setup, a.seeds)
         else:
             runs = study_runs(a.seeds, a.settings)

@@ -27,8 +27,8 @@ from ..layers import OdeDepth
 from .report import mean_sd
 from .runs import RUN_OPTIONS, Run, StudyRecipe
 
-__all__ = ['ARMS', 'PAPER_GUIDANCE_GAIN', 'guidance_setup', 'guidance_runs', 'guidance_variants', 'record_full_test',
-           'write_guidance_report', 'write_weights_trajectory']
+__all__ = ['ARMS', 'PAPER_GUIDANCE_GAIN', 'check_teacher', 'guidance_setup', 'guidance_runs', 'guidance_variants',
+           'record_full_test', 'teacher_checkpoint', 'write_guidance_report', 'write_weights_trajectory']
 
 ARMS = ('scratch', 'guided')
 # ODE-ViT: a teacher-guided ODE-ViT gains more than 10 points over the free one (CIFAR-100, 300 epochs)
@@ -92,6 +92,47 @@ def _finished(root: Path, arm: str) -> Dict[int, Path]:
     return out
 
 
+def _teacher_hashes(root: Path) -> Dict[int, str]:
+    """Per seed, the sha256 of the teacher checkpoint each finished guided run under ``root`` loaded (recorded in its
+    results.json; runs from before that record are left out)."""
+    hashes = {}
+    for seed, path in _finished(root, 'guided').items():
+        recorded = json.loads((path / 'results.json').read_text()).get('teacher_checkpoint_sha256')
+        if recorded:
+            hashes[seed] = recorded
+    return hashes
+
+
+def teacher_checkpoint(teacher: str) -> Optional[Path]:
+    """The file the guided arm's ``--teacher-checkpoint`` names in a ``teacher`` option string, if it names one."""
+    args = shlex.split(teacher)
+    return Path(args[args.index('--teacher-checkpoint') + 1]) if '--teacher-checkpoint' in args[:-1] else None
+
+
+def check_teacher(root: Path, teacher: str) -> None:
+    """Refuse to guide more runs under ``root`` by another teacher than its finished guided runs had.
+
+    A comparison names its teacher by path, and a path can come to hold another weight (a published weight trained
+    further in place): runs guided by the old and the new file would average into one row. The finished runs'
+    recorded hashes are the reference; a teacher that is not a local file (a Hub name) is not checked."""
+    path = teacher_checkpoint(teacher)
+    if path is not None:
+        _check_teacher_file(Path(root), path)
+
+
+def _check_teacher_file(root: Path, path: Path) -> None:
+    hashes = _teacher_hashes(root)
+    if not path.is_file() or not hashes:
+        return
+    from ..hub.verify import sha256_file
+    now = sha256_file(path)
+    other = {seed: h for seed, h in hashes.items() if h != now}
+    if other:
+        raise ValueError(f'{path} (sha256 {now[:12]}...) is not the teacher the finished guided runs under {root} were '
+                         f'given (seed {min(other)}: sha256 {other[min(other)][:12]}...): the file has changed since. '
+                         'Restore that teacher file, or guide new runs in another --out-dir.')
+
+
 def _top1(root: Path) -> Dict[str, Dict[int, float]]:
     """Final top-1 per arm and seed of the finished runs under ``root`` (from their committed results.json)."""
     return {arm: {seed: json.loads((path / 'results.json').read_text())['top1']
@@ -108,16 +149,18 @@ def guidance_variants(roots: Sequence[Path]) -> str:
     from the committed logs alone: guided-arm options, top-1 per arm, the gain paired by seed.
 
     A folder whose student, teacher or recipe differs from the first one's is refused (ValueError): the rows must
-    differ in the guided arm only."""
+    differ in the guided arm only. The teacher is compared by name and, where the guided runs recorded it, by the
+    hash of the checkpoint they loaded, so one path holding two weights over time does not pass for one teacher."""
     lines = ['| guided-arm options | scratch top-1 | guided top-1 | gain (points, paired) | seeds |',
              '|---|---:|---:|---:|---:|']
     first = None
     for root in map(Path, roots):
         meta = json.loads((root / 'study.json').read_text())
         setup = {k: v for k, v in meta.get('setup', {}).items() if k != 'guide'}
+        hashes = set(_teacher_hashes(root).values())
         if first is None:
-            first = (setup, meta.get('recipe'))
-        elif (setup, meta.get('recipe')) != first:
+            first, first_hashes = (setup, meta.get('recipe')), hashes
+        elif (setup, meta.get('recipe')) != first or hashes != first_hashes:
             raise ValueError(f'{root} was run with another student, teacher or recipe than {roots[0]}: its row would '
                              'not compare guided arms alone; report it on its own with guidance-report.')
         top1 = _top1(root)
@@ -173,6 +216,8 @@ def _trajectory(root: Path, runs: Dict[str, Dict[int, Path]], data_dir: Optional
     if with_ckpt['guided']:
         ckpt = read_checkpoint(str(next(iter(with_ckpt['guided'].values())) / 'last.pth.tar'))
         args = ckpt['args']
+        if args.teacher_checkpoint:  # the distance to another teacher than the runs had would mean nothing
+            _check_teacher_file(root, Path(args.teacher_checkpoint))
         task = build_task(args, torch.device('cpu'))
         task.load_task_state(ckpt.get('task_state'))
         task.eval()
