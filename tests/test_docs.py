@@ -45,11 +45,15 @@ def _study_report() -> str:
 
 
 GUIDANCE_VARIANTS = ('results/guidance', 'results/guidance_noinit', 'results/guidance_rawmse')
+# the state distances from scratch, guided by the 25-epoch dense weight (the first three had its 10-epoch one)
+STATE_NORM_VARIANTS = ('results/guidance_t90_layernorm', 'results/guidance_t90_gram')
 
 
-def _guidance_variants() -> str:
-    from timm_odevit.study.guidance import guidance_variants
-    return guidance_variants([REPO_ROOT / d for d in GUIDANCE_VARIANTS])
+def _guidance_variants(dirs: Tuple[str, ...]) -> Callable[[], str]:
+    def gen() -> str:
+        from timm_odevit.study.guidance import guidance_variants
+        return guidance_variants([REPO_ROOT / d for d in dirs])
+    return gen
 
 
 def _committed(rel: str) -> Callable[[], str]:
@@ -101,7 +105,12 @@ GENERATORS: Dict[str, Callable[[], str]] = {
     '(writes results/guidance_noinit/guidance.md)': _committed('results/guidance_noinit/guidance.md'),
     'python -m timm_odevit.study guidance-report --out-dir results/guidance_full --full-test '
     '(writes results/guidance_full/guidance.md)': _committed('results/guidance_full/guidance.md'),
-    f'python -m timm_odevit.study guidance-variants --out-dirs {" ".join(GUIDANCE_VARIANTS)}': _guidance_variants,
+    f'python -m timm_odevit.study guidance-variants --out-dirs {" ".join(GUIDANCE_VARIANTS)}':
+        _guidance_variants(GUIDANCE_VARIANTS),
+    f'python -m timm_odevit.study guidance-variants --out-dirs {" ".join(STATE_NORM_VARIANTS)}':
+        _guidance_variants(STATE_NORM_VARIANTS),
+    'python -m timm_odevit.study guidance-report --out-dir results/guidance_t90_gram '
+    '(writes results/guidance_t90_gram/guidance.md)': _committed('results/guidance_t90_gram/guidance.md'),
 }
 
 
