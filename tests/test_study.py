@@ -396,6 +396,8 @@ def test_guidance_refuses_a_teacher_file_that_changed_under_its_runs(tmp_path):
     with pytest.raises(ValueError, match='is not the teacher the finished guided runs .* has changed since'):
         check_teacher(root, option)
     with pytest.raises(ValueError, match='has changed since'):
+        check_teacher(root, f'dense_vit_tiny_patch4_32 --teacher-checkpoint={teacher}')
+    with pytest.raises(ValueError, match='has changed since'):
         study_main(['guidance', '--out-dir', str(root), '--teacher', option, '--seeds', '0', '--epochs', '1'])
     assert not (root / 'study.json').exists()  # refused before anything was written or trained
 

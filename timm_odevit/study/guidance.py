@@ -106,7 +106,12 @@ def _teacher_hashes(root: Path) -> Dict[int, str]:
 def teacher_checkpoint(teacher: str) -> Optional[Path]:
     """The file the guided arm's ``--teacher-checkpoint`` names in a ``teacher`` option string, if it names one."""
     args = shlex.split(teacher)
-    return Path(args[args.index('--teacher-checkpoint') + 1]) if '--teacher-checkpoint' in args[:-1] else None
+    for i, arg in enumerate(args):
+        if arg.startswith('--teacher-checkpoint='):
+            return Path(arg.split('=', 1)[1])
+        if arg == '--teacher-checkpoint' and i + 1 < len(args):
+            return Path(args[i + 1])
+    return None
 
 
 def check_teacher(root: Path, teacher: str) -> None:
