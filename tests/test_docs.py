@@ -46,7 +46,7 @@ def _study_report() -> str:
 
 GUIDANCE_VARIANTS = ('results/guidance', 'results/guidance_noinit', 'results/guidance_rawmse')
 # the state distances from scratch, guided by the 25-epoch dense weight (the first three had its 10-epoch one)
-STATE_NORM_VARIANTS = ('results/guidance_t90_layernorm', 'results/guidance_t90_gram')
+STATE_NORM_VARIANTS = ('results/guidance_t90_layernorm', 'results/guidance_t90_gram', 'results/guidance_t90_noinit')
 
 
 def _guidance_variants(dirs: Tuple[str, ...]) -> Callable[[], str]:

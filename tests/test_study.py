@@ -376,8 +376,8 @@ def test_guidance_variants_compare_guided_arms_of_one_setup(tmp_path):
 def _guided_run_with_teacher(root: Path, seed: int, teacher_bytes: bytes) -> None:
     run = root / 'runs' / f'odevit_tiny_patch4_32-guided-seed{seed}'
     run.mkdir(parents=True)
-    (run / 'results.json').write_text(json.dumps({'top1': 80.0, 'history': [],
-                                                  'teacher_checkpoint_sha256': hashlib.sha256(teacher_bytes).hexdigest()}))
+    recorded = hashlib.sha256(teacher_bytes).hexdigest()
+    (run / 'results.json').write_text(json.dumps({'top1': 80.0, 'history': [], 'teacher_checkpoint_sha256': recorded}))
 
 
 def test_guidance_refuses_a_teacher_file_that_changed_under_its_runs(tmp_path):
