@@ -267,10 +267,10 @@ def test_gpu_script_dry_run(tmp_path):
     assert {r['precision'] for r in ode} == {'amp_bfloat16'}
 
 
-def _gpu_weights_script():
+def _module_from_file(name: str, *path: str):
+    """A script or test file of the repository (not a package module) imported as ``name``."""
     import importlib.util
-    spec = importlib.util.spec_from_file_location('fmnist_weights', os.path.join(ROOT, 'examples', 'gpu',
-                                                                                 'fmnist_weights.py'))
+    spec = importlib.util.spec_from_file_location(name, os.path.join(ROOT, *path))
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -278,7 +278,7 @@ def _gpu_weights_script():
 
 def test_gpu_weights_ema_follows_the_run_length():
     """A tenth of the run as the EMA's horizon: 0.998 (500 steps) was half of the first GPU attempt's runs."""
-    ema_decay = _gpu_weights_script().ema_decay
+    ema_decay = _module_from_file('fmnist_weights', 'examples', 'gpu', 'fmnist_weights.py').ema_decay
     assert ema_decay(1170) == pytest.approx(1 - 1 / 117, abs=1e-5)  # 10 epochs at batch 512
     assert ema_decay(14040) == pytest.approx(1 - 1 / 1404, abs=1e-5)  # 120 epochs
     assert ema_decay(100) == 0.99 and ema_decay(10 ** 7) == 0.9999  # clipped at both ends
@@ -315,14 +315,9 @@ def test_gpu_weights_script_dry_run(tmp_path):
 def test_gpu_test_runner_without_pytest_collects_every_cuda_test(monkeypatch):
     """benchmarks/gpu/run_tests.py (used where pytest is missing) sees every test of tests/test_cuda.py and each
     parameter, and skips fixtures."""
-    import importlib.util
-    spec = importlib.util.spec_from_file_location('run_tests', os.path.join(ROOT, 'benchmarks', 'gpu', 'run_tests.py'))
-    run_tests = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(run_tests)
+    run_tests = _module_from_file('run_tests', 'benchmarks', 'gpu', 'run_tests.py')
     monkeypatch.setitem(sys.modules, 'pytest', run_tests._stand_in_pytest())
-    spec = importlib.util.spec_from_file_location('cuda_tests', os.path.join(ROOT, 'tests', 'test_cuda.py'))
-    cuda_tests = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(cuda_tests)
+    cuda_tests = _module_from_file('cuda_tests', 'tests', 'test_cuda.py')
     counts = {n: len(getattr(f, 'params', [None])) for n, f in vars(cuda_tests).items() if n.startswith('test_')}
     assert counts['test_forward_backward_on_cuda'] == counts['test_forward_without_host_sync'] == len(FAMILIES)
     assert counts['test_allocator_peak_on_cuda_and_accumulate_below_einsum'] == 1
