@@ -100,6 +100,56 @@ def test_compiled_case_wraps_the_model_and_counts_macs_on_the_plain_one():
     assert runner.case_gmacs(case) == runner.case_gmacs(Case('discrete', 'tiny', 'ssog', 32, 1))
 
 
+def test_compile_mode_is_named_and_compiled_cases_warm_up(monkeypatch):
+    """--compile-mode reaches torch.compile; compiled cases get COMPILED_WARMUP untimed rounds whatever --warmup says,
+    and the memory pass reuses the timed (compiled) model instead of compiling another."""
+    case = Case('ode', 'tiny', 'ssog', 32, 1, compiled=True, compile_mode='reduce-overhead')
+    assert case.label.endswith('/compiled:reduce-overhead')
+    calls = []
+    monkeypatch.setattr(torch, 'compile', lambda model, mode=None: calls.append(mode) or model)
+    results = runner.time_interleaved([case], repeats=1, warmup=0, device='cpu', dtype=torch.float32,
+                                      do_train=False)
+    assert calls == ['reduce-overhead']
+    model = results[0].model
+    forwards = []
+    model.register_forward_hook(lambda *a: forwards.append(1))
+    status, mem = runner.measure_memory(case, 'cpu', torch.float32, do_train=False, model=model)
+    assert status == 'ok' and calls == ['reduce-overhead'] and forwards and mem['method'] == 'rss_only'
+    timed = []
+    monkeypatch.setattr(runner, 'make_steps', lambda *a, **k: (lambda: timed.append(1), lambda: None))
+    runner.time_interleaved([case], repeats=2, warmup=0, device='cpu', dtype=torch.float32, do_train=False)
+    assert len(timed) == runner.COMPILED_WARMUP + 2
+
+
+def test_gmacs_count_in_place_matmuls():
+    """The accumulate path adds each Gaussian component with an in-place baddbmm_, which torch's counter scores as
+    zero: counted, its MACs equal the einsum path's (the same contractions)."""
+    from torch.utils.flop_counter import FlopCounterMode
+    x = torch.randn(2, 1 + 12 * 10, 48)
+    macs = {}
+    for mixing in ('accumulate', 'einsum'):
+        m = SeparableGaussianMixer(48, 3, num_gaussians=4, mixing=mixing)
+        with torch.no_grad(), FlopCounterMode(display=False, custom_mapping=runner.IN_PLACE_FLOPS) as counter:
+            m(x, (12, 10))
+        macs[mixing] = counter.get_total_flops()
+    assert macs['accumulate'] == macs['einsum'] > 0
+
+
+@pytest.mark.parametrize('setting,img_size,slack', [('ode', 224, 0), ('discrete', 224, 0), ('ode', 1024, 1)])
+def test_ssog_ops_per_forward_at_most_the_fused_twin(setting, img_size, slack):
+    """Ops per inference forward (bf16 autocast, batch 1), what sets a GPU's time at small sizes: SSoG issues no more
+    than its fused-attention twin at 224 px (one bmm per evaluation with the N x N operator, its kernels built once
+    for an unchanged model), and at most one more per evaluation at 1024 px (the separable path's two bmm)."""
+    ops, nfe = {}, {}
+    for variant in ('ssog', 'fused'):
+        case = Case(setting, 'tiny', variant, img_size, 1)
+        model = case.build_eager()
+        ops[variant] = runner.count_ops(model, runner.make_input(case, 'cpu', torch.float32), torch.bfloat16)
+        nfe[variant] = model.nfe
+    assert nfe['ssog'] == nfe['fused'] == 12
+    assert ops['ssog'] <= ops['fused'] + slack * nfe['ssog'], ops
+
+
 def test_ratio_computation():
     def row(variant, ips, tps, mem, gmacs):
         return dict(setting='ode', width='tiny', variant=variant, infer_img_size=224, infer_batch_size=8,
@@ -322,3 +372,20 @@ def test_gpu_test_runner_without_pytest_collects_every_cuda_test(monkeypatch):
     assert counts['test_forward_backward_on_cuda'] == counts['test_forward_without_host_sync'] == len(FAMILIES)
     assert counts['test_allocator_peak_on_cuda_and_accumulate_below_einsum'] == 1
     assert cuda_tests.no_tf32.is_fixture
+
+
+def test_gpu_mixer_check_dry_run(tmp_path):
+    """benchmarks/gpu/mixer_check.py, the prepared GPU call of the mixer work, end to end on the CPU at toy sizes:
+    every section runs and lands in summary.md, in order."""
+    out = tmp_path / 'out'
+    env = dict(os.environ, OMP_NUM_THREADS='1', PYTHONPATH=ROOT)
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, 'benchmarks', 'gpu', 'mixer_check.py'), str(out),
+                           '--dry-run'], capture_output=True, text=True, env=env, timeout=900, cwd=str(tmp_path))
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    summary = (out / 'summary.md').read_text()
+    titles = re.findall(r'^## (.+)$', summary, flags=re.M)
+    assert titles == ['versions', 'precision: CUDA against CPU', 'kernel profile',
+                      'timings: eager, CUDA graphs, reduce-overhead', 'mixing paths', 'training-step profile']
+    assert 'failed' not in summary and '| `ssog_ode_tiny_patch4_32` |' in summary
+    assert '| ode | tiny | 32 | 1 | no |' in summary and '| 8x8 | 2 |' in summary
+    assert 'images/s' in summary and (out / 'timings_eager.csv').is_file()

@@ -93,3 +93,34 @@ def test_allocator_peak_on_cuda_and_accumulate_below_einsum():
         assert mem['infer_mem_mb'] > 0 and mem['train_mem_mb'] > mem['infer_mem_mb']
         peaks[variant] = mem
     assert peaks['ssog']['train_mem_mb'] < peaks['ssog_einsum']['train_mem_mb']
+
+
+@pytest.mark.parametrize('dtype', [torch.float32, torch.bfloat16, torch.float16],
+                         ids=['float32', 'bfloat16', 'float16'])
+@pytest.mark.parametrize('batch', [1, 32])
+def test_fused_mixer_on_cuda_equals_the_reference(dtype, batch):
+    """On CUDA a grid above the operator's size takes the Triton kernel by itself ('auto'); forward and backward equal
+    the einsum path (float32) and stay within half precision's rounding (bf16, fp16)."""
+    from timm_odevit.layers import SeparableGaussianMixer
+    from timm_odevit.layers.fused_mixer import HAS_TRITON
+    if not HAS_TRITON:
+        pytest.skip('Triton is not installed')
+    torch.manual_seed(0)
+    grid = (20, 18)
+    mixer = SeparableGaussianMixer(96, 3, learn_offset=True).cuda()
+    ref = SeparableGaussianMixer(96, 3, learn_offset=True, mixing='einsum').cuda()
+    ref.load_state_dict(mixer.state_dict())
+    assert mixer.mixing_path(grid, batch) == 'fused'
+    x = torch.randn(batch, 1 + grid[0] * grid[1], 96, device='cuda')
+    outs, grads = [], []
+    for m in (mixer, ref):
+        xi = x.clone().requires_grad_()
+        with torch.autocast('cuda', dtype=dtype, enabled=dtype != torch.float32):
+            out = m(xi, grid)
+        out.float().square().mean().backward()
+        outs.append(out.float())
+        grads.append((xi.grad, m.log_sigma.grad))
+    tol = 1e-4 if dtype == torch.float32 else 2e-2
+    assert ((outs[0] - outs[1]).norm() / outs[1].norm()).item() < tol
+    for a, b in zip(*grads):
+        assert ((a - b).norm() / b.norm()).item() < tol * 10

@@ -164,7 +164,7 @@ def test_prune_keeps_the_first_layers(steps):
 def _torchdiffeq_reference(depth, x, times):
     """torchdiffeq's own solver on our grid: the library path the plain loop must reproduce."""
     from timm_odevit.layers.integrators import field_constants
-    return depth._solve_torchdiffeq(x, GRID, list(times), field_constants(depth.block, GRID))
+    return depth._solve_torchdiffeq(x, GRID, list(times), field_constants(depth.block, GRID, x))
 
 
 @pytest.mark.parametrize('method,steps', [('euler', 12), ('midpoint', 5), ('heun2', 4), ('heun3', 7), ('rk4', 5)])
@@ -192,18 +192,17 @@ def test_fixed_grid_loop_matches_torchdiffeq(method, steps):
 
 
 def test_field_constants_computed_once_per_forward():
-    """The Gaussian kernels are built once per solve, not once per field evaluation."""
+    """The Gaussian kernels are built once per solve, not once per field evaluation (with autograd on: without it,
+    an unchanged mixer keeps them across forwards, tests/test_layers.py)."""
     block = _block()
     calls = []
     kernels = block.mixer.kernels
     block.mixer.kernels = lambda grid_size: calls.append(grid_size) or kernels(grid_size)
     depth = OdeDepth(block, num_layers=12, method='rk4', steps=6)
-    with torch.no_grad():
-        depth(_tokens(), GRID)
+    depth(_tokens(), GRID)
     assert depth.nfe == 24 and calls == [GRID]
     calls.clear()
-    with torch.no_grad():
-        LoopedDepth(block, 6)(_tokens(), GRID)
+    LoopedDepth(block, 6)(_tokens(), GRID)
     assert calls == [GRID]
 
 

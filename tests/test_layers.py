@@ -138,22 +138,27 @@ def test_ssog_recompute_in_backward_gives_the_same_gradients():
     torch.testing.assert_close(grads[0], grads[1])
 
 
-def _mix_pair(grid, num_prefix, batch=2, dtype=torch.float64):
-    """The same mixer (random kernels, learned offsets) on the accumulate path and on the einsum path."""
+def _mix_pair(grid, num_prefix, batch=2, dtype=torch.float64, mixing='accumulate', prefix_mixing='mean'):
+    """The same mixer (random kernels, learned offsets) on a ``mixing`` path and on the einsum path."""
     torch.manual_seed(1)
     mixers = []
-    for mixing in ('accumulate', 'einsum'):
+    for path in (mixing, 'einsum'):
         torch.manual_seed(0)
-        m = SeparableGaussianMixer(12, 3, num_gaussians=3, bias=True, learn_offset=True, mixing=mixing).to(dtype)
+        m = SeparableGaussianMixer(12, 3, num_gaussians=3, bias=True, learn_offset=True, mixing=path,
+                                   prefix_mixing=prefix_mixing).to(dtype)
         _randomize_kernels(m)
         mixers.append(m)
     x = torch.randn(batch, num_prefix + grid[0] * grid[1], 12, dtype=dtype)
     return mixers, x
 
 
-@pytest.mark.parametrize('grid,num_prefix,batch', [((4, 4), 0, 1), ((3, 5), 1, 2), ((6, 2), 3, 3), ((1, 7), 2, 2)])
-def test_ssog_accumulate_path_equals_einsum_path(grid, num_prefix, batch):
-    mixers, x = _mix_pair(grid, num_prefix, batch)
+@pytest.mark.parametrize('mixing', ['accumulate', 'operator', 'separable', 'fused'])
+@pytest.mark.parametrize('grid,num_prefix,batch,prefix_mixing', [
+    ((4, 4), 0, 1, 'mean'), ((3, 5), 1, 2, 'mean'), ((6, 2), 3, 3, 'mean'), ((1, 7), 2, 2, 'mean'),
+    ((2, 3), 7, 1, 'mean'), ((3, 2), 4, 1, 'none')])  # more prefix tokens than a grid row: two prefix rows
+def test_ssog_mixing_paths_equal_einsum_path(mixing, grid, num_prefix, batch, prefix_mixing):
+    mixers, x = _mix_pair(grid, num_prefix, batch, mixing=mixing, prefix_mixing=prefix_mixing)
+    assert mixers[0].mixing_path(grid, batch) == mixing
     outs, grads = [], []
     g = torch.randn(batch, x.shape[1], 12, dtype=x.dtype)
     for m in mixers:
@@ -168,6 +173,47 @@ def test_ssog_accumulate_path_equals_einsum_path(grid, num_prefix, batch):
         torch.testing.assert_close(a, b)
     # the kernel parameters do receive a gradient (a backward that dropped them would pass the value checks)
     assert mixers[0].log_sigma.grad.abs().sum() > 0 and mixers[0].offset.grad.abs().sum() > 0
+
+
+def test_ssog_auto_path_by_grid_batch_and_grad():
+    from timm_odevit.layers.mixers import OPERATOR_MAX_PATCHES
+    m = SeparableGaussianMixer(12, 3)
+    small, large = (4, 4), (OPERATOR_MAX_PATCHES // 4, 5)
+    assert m.mixing_path(small, 8) == 'operator' and m.mixing_path(large, 8) == 'accumulate'
+    assert m.mixing_path(large, 1) == 'accumulate'  # a backward follows: nothing value-sized is kept
+    with torch.no_grad():
+        assert m.mixing_path(large, 1) == 'separable' and m.mixing_path(large, 2) == 'accumulate'
+
+
+def test_ssog_inference_constants_kept_until_a_kernel_parameter_changes():
+    """Without autograd the kernels are built once for an unchanged mixer, and again after an optimizer step, a
+    state dict load, a change of dtype (autocast) or a change of grid; with autograd, every forward builds them
+    (they belong to its graph)."""
+    m = SeparableGaussianMixer(12, 3, learn_offset=True)
+    calls = []
+    kernels = m.kernels
+    m.kernels = lambda grid_size: calls.append(grid_size) or kernels(grid_size)
+    x = torch.randn(1, 1 + 16, 12)
+    with torch.no_grad():
+        first = m(x, (4, 4))
+        torch.testing.assert_close(m(x, (4, 4)), first)
+        assert len(calls) == 1
+        m(x[:, :13], (3, 4))
+        m(x, (4, 4))
+        assert len(calls) == 3
+        with torch.autocast('cpu', dtype=torch.bfloat16):
+            m(x, (4, 4))
+        assert len(calls) == 4
+    opt = torch.optim.SGD(m.parameters(), lr=0.5)
+    for _ in range(2):
+        m(x, (4, 4)).square().sum().backward()
+        opt.step()
+    assert len(calls) == 6
+    with torch.no_grad():
+        stepped = m(x, (4, 4))
+        assert len(calls) == 7 and not torch.allclose(stepped, first)
+        m.load_state_dict({k: v * 0.5 if k == 'log_sigma' else v for k, v in m.state_dict().items()})
+        assert not torch.allclose(m(x, (4, 4)), stepped) and len(calls) == 8
 
 
 def test_ssog_accumulate_backward_gradcheck():
@@ -185,14 +231,14 @@ def test_ssog_accumulate_backward_gradcheck():
 
 
 def test_ssog_mixing_option():
-    assert SeparableGaussianMixer(8, 2).mixing == 'accumulate'
+    assert SeparableGaussianMixer(8, 2).mixing == 'auto'
     with pytest.raises(ValueError, match='mixing must be'):
         SeparableGaussianMixer(8, 2, mixing='fft')
     from timm_odevit.layers.mixers import MIXER_OPTIONS
     assert 'mixing' in MIXER_OPTIONS['ssog']
 
 
-@pytest.mark.parametrize('mixing', ['accumulate', 'einsum'])
+@pytest.mark.parametrize('mixing', ['auto', 'operator', 'separable', 'fused', 'accumulate', 'einsum'])
 def test_ssog_mixing_on_meta(mixing):
     m = SeparableGaussianMixer(12, 3, mixing=mixing, device='meta')
     x = torch.empty(2, 1 + 3 * 5, 12, device='meta', requires_grad=True)

@@ -9,9 +9,9 @@ import torch
 from tqdm import tqdm
 
 from .runner import (
-    ALL_VARIANTS, PRECISIONS, SETTINGS, SIZES, VARIANTS, BenchmarkConfigError, Case, absolute_table, markdown_table,
-    measure_memory, memory_budget, parse_precision, plot, ratio_rows, read_csv, runnable, time_interleaved, validate,
-    write_csv,
+    ALL_VARIANTS, COMPILE_MODES, COMPILED_WARMUP, PRECISIONS, SETTINGS, SIZES, VARIANTS, BenchmarkConfigError, Case,
+    absolute_table, markdown_table, measure_memory, memory_budget, parse_precision, plot, ratio_rows, read_csv,
+    runnable, time_interleaved, validate, write_csv,
 )
 
 QUICK = dict(widths=['tiny'], resolutions=[224, 384], batch_sizes=[1], repeats=3, warmup=1)
@@ -32,7 +32,15 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     p.add_argument('--device', default='cuda' if torch.cuda.is_available() else 'cpu')
     p.add_argument('--precision', default='float32', choices=PRECISIONS,
                    help="'bfloat16': weights and input in bf16; 'amp_bfloat16': float32 weights, bf16 autocast")
-    p.add_argument('--compile', action='store_true', help='torch.compile every model (times include no compile)')
+    p.add_argument('--compile', action='store_true',
+                   help='torch.compile every model in the default mode (times include no compile; no CUDA graphs)')
+    p.add_argument('--compile-mode', default=None, choices=COMPILE_MODES,
+                   help="torch.compile mode (implies --compile): 'reduce-overhead' records CUDA graphs, "
+                        "'max-autotune' also tunes the kernels; compiled models get at least "
+                        f"{COMPILED_WARMUP} untimed calls first")
+    p.add_argument('--cuda-graphs', action='store_true',
+                   help='capture each eager step into a CUDA graph once and time its replays (CUDA only; memory is '
+                        'not measured for them: a replay allocates nothing)')
     p.add_argument('--no-train', action='store_true', help='inference only')
     p.add_argument('--no-memory', action='store_true', help='skip the peak-memory measurement (reported n/a)')
     p.add_argument('--no-timing', action='store_true', help='memory (and MACs) only: no timed steps')
@@ -49,6 +57,9 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     if args.quick:
         for k, v in QUICK.items():
             setattr(args, k, v)
+    if args.compile_mode:
+        args.compile = True
+    args.compile_mode = args.compile_mode or 'default'
     if args.batch_sizes is None:
         args.batch_sizes = [1, 32] if args.device.startswith('cuda') else [1, 8]
     return args
@@ -79,6 +90,9 @@ def main(argv: Optional[List[str]] = None) -> int:
         dtype, amp_dtype = parse_precision(args.precision)
         if args.warmup < 0:
             raise BenchmarkConfigError(f'--warmup {args.warmup} is negative.')
+        if args.cuda_graphs and (args.compile or not args.device.startswith('cuda')):
+            raise BenchmarkConfigError('--cuda-graphs captures eager models on a CUDA device: drop --compile (use '
+                                       "--compile-mode reduce-overhead for compiled graphs) or run on --device cuda.")
     except BenchmarkConfigError as e:
         print(f'error: {e}', file=sys.stderr)
         return 2
@@ -92,7 +106,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     rows = []
     header = (f'Device: {device_name}; torch {torch.__version__}; precision {args.precision} '
               f'({"autocast" if amp_dtype else "weights and input"}); '
-              f'{"compiled" if args.compile else "eager"}; batch sizes {args.batch_sizes}; medians of up to '
+              f'{f"compiled ({args.compile_mode} mode)" if args.compile else "eager"}'
+              f'{", CUDA graphs" if args.cuda_graphs else ""}; batch sizes {args.batch_sizes}; medians of up to '
               f'{args.repeats} interleaved repeats after {args.warmup} warm-up'
               f'{f", at most {args.time_budget:g} s per configuration and step kind" if args.time_budget else ""}. '
               f'Memory: {"not measured" if args.no_memory else "allocator-level peak above weights and input"}.\n\n')
@@ -104,7 +119,8 @@ def main(argv: Optional[List[str]] = None) -> int:
             # each group compiles fresh models: without a reset, dynamo's recompile limit (8 per function) is reached
             # after a group or two and the later models run eagerly, silently
             torch._dynamo.reset()
-        cases = [Case(setting, width, v, img, batch, args.compile) for v in args.variants]
+        cases = [Case(setting, width, v, img, batch, args.compile, args.compile_mode, args.cuda_graphs)
+                 for v in args.variants]
         bar.set_postfix_str(f'{setting} {width} {img}px b{batch} timing')
         results = time_interleaved(cases, 0 if args.no_timing else args.repeats, 0 if args.no_timing else args.warmup,
                                    args.device, dtype, not args.no_train,
@@ -112,14 +128,15 @@ def main(argv: Optional[List[str]] = None) -> int:
                                    budget=budget)
         bar.update(1)
         for r in results:
-            if not args.no_memory:
+            if not args.no_memory and not args.cuda_graphs:
                 if runnable(r.status):
                     bar.set_postfix_str(f'{r.case.label} memory')
                     train = not args.no_train and r.status == 'ok'
                     status, r.mem = measure_memory(r.case, args.device, dtype, train, amp_dtype=amp_dtype,
-                                                   budget=budget)
+                                                   budget=budget, model=r.model)
                     r.status = r.status if status == 'ok' else status
                 bar.update(1)
+            r.model = None
             rows.append(r.row(device_name))
         # the tables after every group: a run cut short still leaves what it measured
         write_reports(rows, args.out_dir, args.prefix, header, title, png=False)

@@ -26,6 +26,7 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tupl
 
 import timm
 import torch
+import torch._inductor
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
@@ -45,7 +46,13 @@ CSV_COLUMNS = [
     'train_samples_per_sec', 'train_step_time', 'train_step_time_min', 'train_step_time_max', 'train_batch_size',
     'train_img_size', 'train_mem_mb',
     'weights_mb', 'infer_rss_mb', 'train_rss_mb', 'mem_method', 'repeats', 'param_count', 'nfe', 'device',
+    'compile_mode', 'infer_ops',
 ]
+# torch.compile's modes, from torch itself: 'reduce-overhead' and 'max-autotune' bring CUDA graphs, 'default' none
+COMPILE_MODES = tuple(torch._inductor.list_mode_options())
+# untimed calls a compiled case gets first: compilation, then CUDA-graph recording ('reduce-overhead' records on a
+# later call than the first), then one more to run the recorded graph
+COMPILED_WARMUP = 3
 NOT_MEASURED = 'n/a'
 
 
@@ -62,6 +69,8 @@ class Case:
     img_size: int
     batch_size: int
     compiled: bool = False
+    compile_mode: str = 'default'
+    cuda_graph: bool = False  # each step captured once into a CUDA graph and replayed (``graphed``)
 
     @property
     def model_name(self) -> str:
@@ -72,7 +81,11 @@ class Case:
     def label(self) -> str:
         suffix = {'floor': '+identity', 'eager': '+eager', 'ssog_einsum': '+einsum', 'ssog_steer': '+steer'}.get(
             self.variant, '')
-        return f'{self.model_name}{suffix}@{self.img_size}/b{self.batch_size}{"/compiled" if self.compiled else ""}'
+        compiled = ''
+        if self.compiled:
+            compiled = '/compiled' if self.compile_mode == 'default' else f'/compiled:{self.compile_mode}'
+        graph = '/cudagraph' if self.cuda_graph else ''
+        return f'{self.model_name}{suffix}@{self.img_size}/b{self.batch_size}{compiled}{graph}'
 
     def build_eager(self, device: str = 'cpu', dtype: torch.dtype = torch.float32) -> torch.nn.Module:
         """The model (never compiled): what MACs are counted on."""
@@ -91,7 +104,7 @@ class Case:
 
     def build(self, device: str = 'cpu', dtype: torch.dtype = torch.float32) -> torch.nn.Module:
         model = self.build_eager(device, dtype)
-        return torch.compile(model) if self.compiled else model
+        return torch.compile(model, mode=self.compile_mode) if self.compiled else model
 
 
 @dataclass
@@ -104,7 +117,11 @@ class Result:
     gmacs: Optional[float] = None
     params: Optional[int] = None
     nfe: Optional[int] = None
+    ops: Optional[int] = None
     mem: Dict[str, Any] = field(default_factory=dict)
+    # the timed model, kept for the memory pass of the cases measured in this process (CUDA, compiled): a compiled
+    # model is not compiled again for it
+    model: Optional[torch.nn.Module] = field(default=None, repr=False)
 
     def row(self, device: str) -> Dict[str, object]:
         c = self.case
@@ -127,7 +144,8 @@ class Result:
                    train_batch_size=c.batch_size, train_img_size=c.img_size,
                    device=device, param_count=round(self.params / 1e6, 3) if self.params else None,
                    infer_gmacs=round(self.gmacs, 3) if self.gmacs is not None else None, nfe=self.nfe,
-                   repeats=len(self.infer_times) or None)
+                   repeats=len(self.infer_times) or None, compile_mode=c.compile_mode if c.compiled else '',
+                   infer_ops=self.ops)
         # a memory value that was not measured is 'n/a', never confused with an OOM
         for key in ('infer_mem_mb', 'train_mem_mb', 'weights_mb', 'infer_rss_mb', 'train_rss_mb'):
             row[key] = _round(mem[key]) if mem.get(key) is not None else NOT_MEASURED
@@ -194,6 +212,10 @@ def parse_precision(precision: str) -> Tuple[torch.dtype, Optional[torch.dtype]]
     return getattr(torch, precision), None
 
 
+def make_input(case: Case, device: str, dtype: torch.dtype) -> torch.Tensor:
+    return torch.randn(case.batch_size, 3, case.img_size, case.img_size, device=device, dtype=dtype)
+
+
 def make_steps(
         model: torch.nn.Module,
         case: Case,
@@ -202,7 +224,7 @@ def make_steps(
         amp_dtype: Optional[torch.dtype] = None,
 ) -> Tuple[Callable, Callable]:
     """(inference step, training step) closures over one fixed input batch."""
-    x = torch.randn(case.batch_size, 3, case.img_size, case.img_size, device=device, dtype=dtype)
+    x = make_input(case, device, dtype)
     target = torch.randint(0, 1000, (case.batch_size,), device=device)
     opt = torch.optim.SGD(model.parameters(), lr=1e-6)
     loss_fn = torch.nn.CrossEntropyLoss()
@@ -224,7 +246,31 @@ def make_steps(
         loss.backward()
         opt.step()
 
+    if case.cuda_graph:
+        return graphed(infer), graphed(train)
     return infer, train
+
+
+def graphed(step: Callable[[], None], warmup: int = 3) -> Callable[[], None]:
+    """``step`` captured into a CUDA graph on its first call (after ``warmup`` runs on a side stream, as PyTorch's
+    whole-network capture does) and replayed on every call: what an eager model costs without host launches."""
+    graph: Optional[torch.cuda.CUDAGraph] = None
+
+    def replay() -> None:
+        nonlocal graph
+        if graph is None:
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                for _ in range(warmup):
+                    step()
+            torch.cuda.current_stream().wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                step()
+        graph.replay()
+
+    return replay
 
 
 def count_gmacs(
@@ -236,10 +282,47 @@ def count_gmacs(
     """Multiply-accumulates of one image's forward pass, in billions."""
     x = torch.randn(1, model.in_chans, img_size, img_size, device=device, dtype=dtype)
     model.eval()
-    # the math backend: the fused CPU attention kernel has no flop formula and would count as zero
-    with torch.inference_mode(), sdpa_kernel(SDPBackend.MATH), FlopCounterMode(display=False) as counter:
+    # the math backend: the fused CPU attention kernel has no flop formula and would count as zero; the in-place
+    # batched matmul-add has none either (torch scores only the out-of-place baddbmm)
+    with torch.inference_mode(), sdpa_kernel(SDPBackend.MATH), \
+            FlopCounterMode(display=False, custom_mapping=IN_PLACE_FLOPS) as counter:
         model(x)
     return counter.get_total_flops() / 2e9
+
+
+class OpCounter(TorchDispatchMode):
+    """Counts the aten ops that launch work: every op the dispatcher sees except views and the aliasing reshape
+    (``_unsafe_view``). On a GPU each is at least one kernel launch, so at small sizes they set the time."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if not func.is_view and func.overloadpacket is not torch.ops.aten._unsafe_view:
+            self.count += 1
+        return func(*args, **(kwargs or {}))
+
+
+def count_ops(model: torch.nn.Module, x: torch.Tensor, amp_dtype: Optional[torch.dtype] = None) -> int:
+    """Ops per inference forward of ``model`` on ``x``, the second of two: the first builds what the model keeps
+    between inference forwards (the SSoG kernels), which a steady stream of inference does not pay again."""
+    model.eval()
+    autocast = torch.autocast(x.device.type, dtype=amp_dtype, enabled=amp_dtype is not None)
+    with torch.inference_mode(), autocast:
+        model(x)
+        with OpCounter() as counter:
+            model(x)
+    return counter.count
+
+
+def _baddbmm_flops(self_shape, a_shape, b_shape, *args, out_shape=None, **kwargs) -> int:
+    """Flops of ``self.baddbmm_(a, b)``, which torch's counter scores as zero: 2 per multiply-add of a @ b."""
+    batch, m, k = a_shape
+    return 2 * batch * m * k * b_shape[-1]
+
+
+IN_PLACE_FLOPS = {torch.ops.aten.baddbmm_: _baddbmm_flops}
 
 
 def case_gmacs(case: Case) -> float:
@@ -303,7 +386,11 @@ def time_interleaved(
 ) -> List[Result]:
     """Build every case, then time inference and training steps A B C A B C ...; OOM marks a case, others go on.
 
-    With ``time_budget`` (seconds per case and kind), repeats are cut to what fits after the first round."""
+    Compiled cases get at least ``COMPILED_WARMUP`` untimed rounds. With ``time_budget`` (seconds per case and kind),
+    repeats are cut to what fits after the first round. Each result keeps its model (``Result.model``) and the ops
+    of one inference forward, counted on the uncompiled model (``count_ops``)."""
+    if any(c.compiled or c.cuda_graph for c in cases):
+        warmup = max(warmup, COMPILED_WARMUP)
     results = [Result(c, precision=precision) for c in cases]
     steps: List[Optional[Tuple[Callable, Callable]]] = []
     models_: List[Optional[torch.nn.Module]] = []
@@ -319,6 +406,7 @@ def time_interleaved(
                 continue
         try:
             r.gmacs = case_gmacs(r.case)
+            r.ops = count_ops(r.case.build_eager(device, dtype), make_input(r.case, device, dtype), amp_dtype)
             model = r.case.build(device, dtype)
             r.params = sum(p.numel() for p in model.parameters())
             steps.append(make_steps(model, r.case, device, dtype, amp_dtype))
@@ -364,7 +452,7 @@ def time_interleaved(
     for r, model in zip(results, models_):
         if model is not None:
             r.nfe = getattr(model, 'nfe', None)  # counted by the last forward
-    del models_, steps
+            r.model = model
     return results
 
 
@@ -429,6 +517,7 @@ def measure_memory_in_process(
         dtype: torch.dtype,
         do_train: bool = True,
         amp_dtype: Optional[torch.dtype] = None,
+        model: Optional[torch.nn.Module] = None,
 ) -> Dict[str, Any]:
     """Allocator-level peak memory of one inference forward and one training step, in MiB above what is live before
     the step (weights, input).
@@ -438,8 +527,9 @@ def measure_memory_in_process(
     memory above its level before the step as an extra (RSS follows what the C allocator keeps, not what is live).
     The CPU measures the first step of each kind (the tracker counts what a step creates, gradients included, and
     eager CPU code has no lazy state to warm); CUDA and compiled models take one untimed warm-up step first.
-    Meant to run in a fresh process per configuration, so nothing earlier hides in the peak."""
-    model = case.build(device, dtype)
+    Meant to run in a fresh process per configuration, so nothing earlier hides in the peak, except for a ``model``
+    already built and warmed by the timing (a compiled one is not compiled again)."""
+    model = case.build(device, dtype) if model is None else model
     infer, train = make_steps(model, case, device, dtype, amp_dtype)
     out: Dict[str, Any] = dict(weights_mb=sum(t.numel() * t.element_size() for t in
                                               list(model.parameters()) + list(model.buffers())) / 2 ** 20)
@@ -477,18 +567,21 @@ def measure_memory(
         timeout: float = 1800.,
         amp_dtype: Optional[torch.dtype] = None,
         budget: Optional[int] = None,
+        model: Optional[torch.nn.Module] = None,
 ) -> Tuple[str, Dict[str, Any]]:
-    """Peak memory of one case: in a fresh child process on CPU, in this process on CUDA. (status, values).
+    """Peak memory of one case: in a fresh child process on CPU, in this process on CUDA or for a compiled case on
+    either, on the timed ``model`` when given (RSS only for a compiled CPU case). (status, values).
 
     The CPU child runs under an address-space limit of ``budget`` bytes above its start, so a case too large for
     this machine fails as an allocation error (reported 'OOM') instead of waking the kernel's OOM killer."""
-    if device.startswith('cuda'):
+    if device.startswith('cuda') or case.compiled:
         try:
-            return 'ok', measure_memory_in_process(case, device, dtype, do_train, amp_dtype)
+            return 'ok', measure_memory_in_process(case, device, dtype, do_train, amp_dtype, model)
         except Exception as e:  # noqa: BLE001
             if not is_oom(e):
                 raise
-            torch.cuda.empty_cache()
+            if device.startswith('cuda'):
+                torch.cuda.empty_cache()
             return 'OOM', {}
     spec = dict(case=asdict(case), device=device, dtype=str(dtype).replace('torch.', ''), train=do_train,
                 amp=str(amp_dtype).replace('torch.', '') if amp_dtype else None,
@@ -576,6 +669,7 @@ def ratio_rows(rows: Sequence[Dict[str, object]]) -> List[Dict[str, object]]:
             # time per sample of SSoG over the floor's = floor throughput / SSoG throughput
             r[f'{kind}_cost_over_floor'] = _div(_num(floor, sps), _num(ssog, sps))
         r['mac_ratio'] = _div(_num(ssog, 'infer_gmacs'), _num(floor, 'infer_gmacs'))
+        r['ops_vs_fused'] = _div(_num(ssog, 'infer_ops'), _num(fused, 'infer_ops'))
         out.append(r)
     return out
 
@@ -588,31 +682,32 @@ def markdown_table(ratios: Sequence[Dict[str, object]]) -> str:
 
     lines = ['| setting | width | px | batch | compiled | infer speed vs fused | vs eager | train speed vs fused '
              '| vs eager | infer mem vs fused | vs eager | train mem vs fused | vs eager | infer cost / floor '
-             '| train cost / floor | MACs / floor |',
-             '|---|---|---:|---:|---|' + '---:|' * 11]
+             '| train cost / floor | MACs / floor | ops vs fused |',
+             '|---|---|---:|---:|---|' + '---:|' * 12]
     for r in ratios:
         cells = [r['setting'], r['width'], r['img_size'], r['batch_size'], 'yes' if r['compiled'] else 'no']
         cells += [f(r[k]) for k in ('infer_vs_fused', 'infer_vs_eager', 'train_vs_fused', 'train_vs_eager',
                                     'infer_mem_vs_fused', 'infer_mem_vs_eager', 'train_mem_vs_fused',
                                     'train_mem_vs_eager', 'infer_cost_over_floor', 'train_cost_over_floor',
-                                    'mac_ratio')]
+                                    'mac_ratio', 'ops_vs_fused')]
         lines.append('| ' + ' | '.join(str(c) for c in cells) + ' |')
     return '\n'.join(lines)
 
 
 def absolute_table(rows: Sequence[Dict[str, object]]) -> str:
-    """Per row: ms per step, samples/s, allocator peaks (MiB above weights and input), RSS, status."""
+    """Per row: ms per step, samples/s, allocator peaks (MiB above weights and input), RSS, MACs, ops per inference
+    forward, status."""
     def f(r, k):
         v = r.get(k)
         return '-' if v in (None, '') else str(v)
 
     lines = ['| model | status | infer ms | infer img/s | train ms | train img/s | infer peak MiB | train peak MiB '
-             '| infer RSS MiB | train RSS MiB | GMACs |',
-             '|---|---|' + '---:|' * 9]
+             '| infer RSS MiB | train RSS MiB | GMACs | ops |',
+             '|---|---|' + '---:|' * 10]
     for r in rows:
         lines.append('| ' + ' | '.join([str(r['model']), str(r['status'])] + [f(r, k) for k in (
             'infer_step_time', 'infer_samples_per_sec', 'train_step_time', 'train_samples_per_sec', 'infer_mem_mb',
-            'train_mem_mb', 'infer_rss_mb', 'train_rss_mb', 'infer_gmacs')]) + ' |')
+            'train_mem_mb', 'infer_rss_mb', 'train_rss_mb', 'infer_gmacs', 'infer_ops')]) + ' |')
     return '\n'.join(lines)
 
 

@@ -1,5 +1,5 @@
 """The vector-field block shared by every depth setting: f(x) = mixer(CN_a(x)) + mlp(CN_m(x))."""
-from typing import Any, Dict, Optional, Tuple, Type
+from typing import Any, Dict, Optional, Sequence, Tuple, Type
 
 import torch
 from torch import nn
@@ -48,11 +48,13 @@ class FieldBlock(nn.Module):
         self.mlp = Mlp(dim, int(dim * mlp_ratio), act_layer=act_layer, bias=bias, drop=proj_drop, **dd)
         self.drop_path = DropPath(drop_path) if drop_path > 0. else nn.Identity()
 
-    def field_constants(self, grid_size: Tuple[int, int]) -> Dict[str, Any]:
-        """What the mixer computes from its weights alone for a grid (SSoG kernels): a depth integrator asks once per
-        forward and passes it to every evaluation as ``forward(x, grid_size, **constants)``."""
+    def field_constants(
+            self, grid_size: Tuple[int, int], shape: Optional[Sequence[int]] = None) -> Dict[str, Any]:
+        """What the mixer computes from its weights alone for a grid and states of ``shape`` (SSoG kernels): a depth
+        integrator asks once per forward and passes it to every evaluation as ``forward(x, grid_size,
+        **constants)``."""
         fn = getattr(self.mixer, 'field_constants', None)
-        return {'mixer_constants': fn(grid_size)} if fn is not None else {}
+        return {'mixer_constants': fn(grid_size, shape)} if fn is not None else {}
 
     def set_grad_checkpointing(self, enable: bool = True) -> None:
         if hasattr(self.mixer, 'set_grad_checkpointing'):

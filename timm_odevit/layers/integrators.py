@@ -18,6 +18,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
 from torch import nn
+from torch.fx._symbolic_trace import is_fx_tracing
 from torch.utils.checkpoint import checkpoint
 from torchdiffeq import odeint, odeint_adjoint
 
@@ -71,11 +72,13 @@ class _DepthBase(nn.Module):
         return block(x, grid_size, **constants)
 
 
-def field_constants(block: nn.Module, grid_size: Tuple[int, int]) -> Dict[str, Any]:
-    """What a field needs that does not depend on the state (the Gaussian kernels of a grid), computed once per
-    forward instead of once per evaluation; blocks without ``field_constants`` need nothing."""
+def field_constants(block: nn.Module, grid_size: Tuple[int, int], x: torch.Tensor) -> Dict[str, Any]:
+    """What a field needs that does not depend on the state's values (the Gaussian kernels of a grid, for states
+    shaped as ``x``), computed once per forward instead of once per evaluation; blocks without ``field_constants``
+    need nothing. Under torch.fx tracing (timm's FX feature extraction) nothing either: the mixer is a leaf there
+    and builds what it needs in its own forward."""
     fn = getattr(block, 'field_constants', None)
-    return fn(grid_size) if fn is not None else {}
+    return fn(grid_size, x.shape) if fn is not None and not is_fx_tracing() else {}
 
 
 class _ResidualDepth(_DepthBase):
@@ -100,10 +103,10 @@ class _ResidualDepth(_DepthBase):
         last = max(take) if (take and stop_early) else self.num_layers - 1
         states = []
         shared = self.shared_block()
-        shared_constants = field_constants(shared, grid_size) if shared is not None else {}
+        shared_constants = field_constants(shared, grid_size, x) if shared is not None else {}
         for i in range(last + 1):
             block = self.block_at(i)
-            constants = shared_constants if shared is not None else field_constants(block, grid_size)
+            constants = shared_constants if shared is not None else field_constants(block, grid_size, x)
             x = x + self._apply_block(block, x, grid_size, constants)
             if i in take:
                 states.append(x)
@@ -324,7 +327,7 @@ class OdeDepth(_DepthBase):
                 raise ValueError('times must be a non-empty 1-D sequence.')
             times = times.tolist()  # user-given times, typically on the host; the default path never builds them
         times = self._check_times(times)
-        constants = field_constants(self.block, grid_size)
+        constants = field_constants(self.block, grid_size, x)
         if self.method in RK_TABLEAUS and not (self.adjoint and torch.is_grad_enabled()):
             states, last_input = self._solve_fixed_grid(x, grid_size, times, constants)
         else:

@@ -3,8 +3,9 @@
 Every mixer takes tokens laid out as [prefix tokens (CLS, registers), patch tokens in row-major grid order]
 and is called as ``mixer(x, grid_size)``; only the Gaussian mixer needs the grid, the others ignore it.
 """
+import contextlib
 import math
-from typing import Callable, Dict, Final, Optional, Tuple, Union
+from typing import Callable, Dict, Final, List, NamedTuple, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.nn.functional as F
@@ -12,6 +13,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 from timm.layers import use_fused_attn
 
+from .fused_mixer import HAS_TRITON, separable_mix
 from .linalg import spectral_norm
 
 __all__ = ['MultiHeadAttention', 'SeparableGaussianMixer', 'IdentityMixer', 'create_mixer', 'MIXERS']
@@ -155,12 +157,121 @@ class _SeparableMixFn(torch.autograd.Function):
         return grad_p, grad_gx, grad_gy, None, None, None, None, None, None
 
 
+def _projected_t(x: torch.Tensor, linear: nn.Linear) -> torch.Tensor:
+    """``linear(x)`` transposed, [C, B * N] from x [B, N, C], as one matmul: laid out [heads, d, B, N], so that every
+    head's values are a plain matrix for the mixing matmuls, with no copy."""
+    xt = x.reshape(-1, x.shape[-1]).t()
+    if linear.bias is None:
+        return torch.mm(linear.weight, xt)
+    return torch.addmm(linear.bias[:, None], linear.weight, xt)
+
+
+def _grid_operator(gy: torch.Tensor, gx: torch.Tensor, mix: torch.Tensor) -> torch.Tensor:
+    """sum_k a_k G^y_k kron G^x_k: the [heads, H W, H W] matrix that mixes the patches of one head."""
+    heads, H, W = gy.shape[0], gy.shape[-1], gx.shape[-1]
+    return torch.einsum('hk,hkac,hkbd->habcd', mix, gy, gx).reshape(heads, H * W, H * W)
+
+
+def _token_operator_t(gy: torch.Tensor, gx: torch.Tensor, mix: torch.Tensor, num_prefix: int,
+                      prefix_mean: bool) -> torch.Tensor:
+    """The transposed [heads, N, N] operator of all N tokens: patches mixed by sum_k a_k G^y_k kron G^x_k, prefix
+    rows the mean of the patches (or zero), prefix columns zero (patches do not see the prefix)."""
+    H, W = gy.shape[-1], gx.shape[-1]
+    op = _grid_operator(gy, gx, mix)
+    if num_prefix:
+        rows = op.new_full((op.shape[0], num_prefix, H * W), 1. / (H * W) if prefix_mean else 0.)
+        op = F.pad(torch.cat([rows, op], dim=1), (num_prefix, 0))
+    return op.transpose(1, 2)
+
+
+def _mix_operator(x: torch.Tensor, v: nn.Linear, proj: nn.Linear, op_t: torch.Tensor) -> torch.Tensor:
+    """The mixing as one bmm over all tokens with the precomputed operator: Y_h^T = V_h^T Op_h^T on the transposed
+    values [heads, d * B, N]; the result [C, B * N] is the output projection's input, transposed. Three matmuls,
+    as fused attention's qkv, attention and projection."""
+    B, N, C = x.shape
+    heads = op_t.shape[0]
+    yt = torch.bmm(_projected_t(x, v).view(heads, -1, N), op_t)
+    return proj(yt.view(C, B * N).t()).view(B, N, C)
+
+
+def _separable_operands(gy: torch.Tensor, gx: torch.Tensor, mix: torch.Tensor, head_dim: int, num_prefix: int,
+                        prefix_mean: bool) -> Tuple[torch.Tensor, torch.Tensor]:
+    """The two kernel operands of ``_mix_separable`` from G^y [heads, K, H, H], G^x [heads, K, W, W], weights a.
+
+    x stage, ``gx_t`` [heads, W, K' W]: column (k, j') holds G^x_k[j', :]; with prefix tokens to feed a (K+1)-th
+    component is uniform (1 / W: each row's mean). y stage, ``gy_rows`` [heads * d, R + H, H K']: row R + i holds
+    a_k G^y_k[i, :] at column (i', k); the R = ceil(P / W) rows above it are the prefix tokens' rows, 1 / H on the
+    uniform component: the patch mean, repeated along the row. Expanded over the d channels of each head, so that
+    the y stage is one bmm over (head, channel) with no copy of the values."""
+    heads, K, H, W = gy.shape[0], gy.shape[1], gy.shape[-1], gx.shape[-1]
+    uniform = num_prefix > 0 and prefix_mean
+    rows = -(-num_prefix // W)
+    gx_t = gx.permute(0, 3, 1, 2)  # [heads, j, k, j']
+    gy_w = (gy * mix[..., None, None]).permute(0, 2, 3, 1)  # [heads, i, i', k]
+    if uniform:
+        gx_t = torch.cat([gx_t, gx_t.new_full((heads, W, 1, W), 1. / W)], dim=2)
+        gy_w = F.pad(gy_w, (0, 1))
+    k1 = gy_w.shape[-1]
+    if rows:
+        top = gy_w.new_zeros(heads, rows, H, k1)
+        if uniform:
+            top[..., -1] = 1. / H
+        gy_w = torch.cat([top, gy_w], dim=1)
+    gy_rows = gy_w.reshape(heads, 1, rows + H, H * k1).expand(heads, head_dim, rows + H, H * k1)
+    return gx_t.reshape(heads, W, k1 * W), gy_rows.reshape(heads * head_dim, rows + H, H * k1)
+
+
+def _mix_separable(x: torch.Tensor, v: nn.Linear, proj: nn.Linear, gx_t: torch.Tensor, gy_rows: torch.Tensor,
+                   grid_size: Tuple[int, int]) -> torch.Tensor:
+    """The separable mixing as two bmm, all components in each (``_separable_operands``): the x stage on the
+    transposed patch values [heads, d * B * H, W], the y stage over (k, i') per (head, channel). At batch 1 nothing
+    is copied: the values come out of the projection in the x stage's layout, and the prefix tokens' rows sit right
+    above the patches' in the result, which is the output projection's input, transposed."""
+    B, N, C = x.shape
+    H, W = grid_size
+    num_prefix = N - H * W
+    heads = gx_t.shape[0]
+    rows = gy_rows.shape[1] - H
+    vt = _projected_t(x[:, num_prefix:], v)  # [C, B * H * W]
+    t = torch.bmm(vt.view(heads, -1, W), gx_t)  # [heads, d * B * H, K' W], laid out [h, c, b, i', k, j']
+    y = torch.matmul(gy_rows.view(C, 1, rows + H, -1), t.view(C, B, -1, W))  # broadcast: a view at batch 1
+    y = y.view(C, B, (rows + H) * W)[:, :, rows * W - num_prefix:]  # [C, B, N]: prefix rows, then the patches
+    return proj(y.reshape(C, B * N).t()).view(B, N, C)
+
+
 def _negligible_weight(dtype: torch.dtype) -> float:
     """The kernel weight below which an entry cannot change a sum that holds a weight near 1 (tiny / eps, 1e-31 in
     float32). Gaussian tails underflow to subnormal floats, which CPUs compute 10-20x slower in ``exp`` and in every
-    matmul that reads them; both SSoG paths cut their kernels here."""
+    matmul that reads them; both SSoG paths cut their kernels here, in the dtype they are built in (float32 or
+    float64), never in float16, whose tiny / eps is 0.0625: most entries of a wide Gaussian lie below that."""
     finfo = torch.finfo(dtype)
     return finfo.tiny / finfo.eps
+
+
+def _build_dtype(dtype: torch.dtype) -> torch.dtype:
+    """Kernels are built in float32 (float64 for a float64 mixer), whatever the mixing runs in: float16 holds neither
+    the logits of a narrow Gaussian nor its tails."""
+    return torch.promote_types(dtype, torch.float32)
+
+
+def _mixing_dtype(param: torch.Tensor) -> torch.dtype:
+    """The dtype the mixing's matmuls run in: autocast's where it is on for the parameters' device, else theirs."""
+    device_type = param.device.type
+    if torch.amp.is_autocast_available(device_type) and torch.is_autocast_enabled(device_type):
+        return torch.get_autocast_dtype(device_type)
+    return param.dtype
+
+
+def _flush(g: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Kernel entries below ``_negligible_weight`` zeroed in the build dtype, then cast to the mixing dtype."""
+    return g.masked_fill(g < _negligible_weight(g.dtype), 0.).to(dtype)
+
+
+class MixingConstants(NamedTuple):
+    """What one grid's fixed-kernel mixing needs from the kernel parameters alone, ready in the dtype the mixing
+    runs in: the path that will use them and its tensors (``SeparableGaussianMixer.field_constants``)."""
+    path: str
+    tensors: Tuple[torch.Tensor, ...]
 
 
 def gaussian_kernel_matrix(size: int, sigma: torch.Tensor, offset: torch.Tensor) -> torch.Tensor:
@@ -332,6 +443,15 @@ def _steered_heads(
     return _steered_mix(v, log_sigma, offset, mix_logits, res, columns_per_chunk=columns_per_chunk)
 
 
+# how the fixed kernels are applied: 'operator', the N x N token matrix (one bmm); 'separable', both axes as two bmm
+# with all components in each; 'fused', the custom op torch.ops.timm_odevit.separable_mix (one Triton kernel on CUDA,
+# its einsum reference elsewhere); 'accumulate', one component at a time with a backward that keeps nothing
+# value-sized; 'einsum', two einsums through a K-fold intermediate; 'auto' chooses (SeparableGaussianMixer.mixing_path)
+MIXING_PATHS = ('auto', 'operator', 'separable', 'fused', 'accumulate', 'einsum')
+# the largest patch grid 'auto' mixes with the N x N operator (docs/benchmark.md, "Mixing paths")
+OPERATOR_MAX_PATCHES = 256
+
+
 class SeparableGaussianMixer(nn.Module):
     """Separable sum-of-Gaussians token mixer (SSoG; our reading of the paper, see the README).
 
@@ -356,7 +476,7 @@ class SeparableGaussianMixer(nn.Module):
             prefix_mixing: str = 'mean',
             init_sigmas: Tuple[float, float] = (0.5, 8.0),
             recompute_mixing: bool = True,
-            mixing: str = 'accumulate',
+            mixing: str = 'auto',
             steer: bool = False,
             proj_drop: float = 0.,
             device=None,
@@ -370,8 +490,8 @@ class SeparableGaussianMixer(nn.Module):
             raise ValueError(f'num_gaussians must be >= 1, got {num_gaussians}.')
         if prefix_mixing not in ('mean', 'none'):
             raise ValueError(f"prefix_mixing must be 'mean' or 'none', got {prefix_mixing!r}.")
-        if mixing not in ('accumulate', 'einsum'):
-            raise ValueError(f"mixing must be 'accumulate' or 'einsum', got {mixing!r}.")
+        if mixing not in MIXING_PATHS:
+            raise ValueError(f'mixing must be one of {MIXING_PATHS}, got {mixing!r}.')
         self.num_heads = num_heads
         self.head_dim = dim // num_heads
         self.num_gaussians = num_gaussians
@@ -379,9 +499,9 @@ class SeparableGaussianMixer(nn.Module):
         self.init_sigmas = init_sigmas
         self.within_checkpoint = False
         self.recompute_mixing = recompute_mixing  # einsum and steered paths: accumulate always recomputes
-        # 'accumulate': one Gaussian component at a time, never K copies of the values (the default, least memory);
-        # 'einsum': all components in two einsums through a K-fold intermediate (see docs/benchmark.md)
+        # how the fixed kernels are applied: MIXING_PATHS, 'auto' choosing by grid, batch and grad mode (mixing_path)
         self.mixing = mixing
+        self._constants_cache: Optional[Tuple[tuple, MixingConstants]] = None
         self.v = nn.Linear(dim, dim, bias=bias, **dd)
         self.proj = nn.Linear(dim, dim, bias=bias, **dd)
         self.proj_drop = nn.Dropout(proj_drop)
@@ -417,17 +537,68 @@ class SeparableGaussianMixer(nn.Module):
                 self.steer_gate.fill_(-8.)  # softplus(-8) = 3e-4: the steering opens as it learns
 
     def kernels(self, grid_size: Tuple[int, int]) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(G^y [heads, K, H, H], G^x [heads, K, W, W], mixture weights [heads, K]) for a grid."""
+        """(G^y [heads, K, H, H], G^x [heads, K, W, W], mixture weights [heads, K]) for a grid, built in float32
+        (float64 for a float64 mixer) whatever the parameters' dtype."""
         H, W = grid_size
-        sigma = self.log_sigma.exp()
-        gy = gaussian_kernel_matrix(H, sigma[0], self.offset[0])
-        gx = gaussian_kernel_matrix(W, sigma[1], self.offset[1])
-        return gy, gx, self.mix_logits.softmax(dim=-1)
+        dtype = _build_dtype(self.log_sigma.dtype)
+        sigma = self.log_sigma.to(dtype).exp()
+        offset = self.offset.to(dtype)
+        gy = gaussian_kernel_matrix(H, sigma[0], offset[0])
+        gx = gaussian_kernel_matrix(W, sigma[1], offset[1])
+        return gy, gx, self.mix_logits.to(dtype).softmax(dim=-1)
 
-    def field_constants(self, grid_size: Tuple[int, int]) -> Dict[str, Tuple[torch.Tensor, torch.Tensor]]:
-        """The grid's kernels, G^y pre-weighted by the mixture: {'kernels': (G^y [heads, K, H, H], G^x)}."""
-        gy, gx, mix = self.kernels(grid_size)
-        return {'kernels': (gy * mix[..., None, None].to(gy), gx)}
+    def mixing_path(self, grid_size: Tuple[int, int], batch_size: int) -> str:
+        """The path a call on this grid and batch takes. ``'auto'``: the N x N operator up to
+        ``OPERATOR_MAX_PATCHES`` patches (one bmm; measured faster there, docs/benchmark.md); above it the fused
+        Triton kernel on CUDA, and elsewhere the two-bmm separable path for inference at batch 1 (no copy of the
+        values), else the accumulate path (nothing value-sized kept for backward, no K-fold intermediate). An
+        explicit ``mixing`` (e.g. ``ssog_mixing='accumulate'``) is the switch that keeps a model off the Triton
+        kernel."""
+        if self.mixing != 'auto':
+            return self.mixing
+        if grid_size[0] * grid_size[1] <= OPERATOR_MAX_PATCHES:
+            return 'operator'
+        if self.v.weight.is_cuda and HAS_TRITON:
+            return 'fused'
+        return 'separable' if batch_size == 1 and not torch.is_grad_enabled() else 'accumulate'
+
+    def field_constants(
+            self, grid_size: Tuple[int, int], shape: Optional[Sequence[int]] = None,
+    ) -> Dict[str, MixingConstants]:
+        """The mixing's constants for a grid and states of ``shape`` [B, N, C] (default: one image, no prefix), ready
+        in the mixing dtype: {'kernels': MixingConstants}. A depth integrator asks once per forward; without
+        autograd (inference) they are also kept until a kernel parameter, the grid or the dtype changes, so an
+        unchanged model builds them once, not once per forward (as timm's LeViT keeps its attention biases)."""
+        if self.steer:
+            return {}
+        B, N = (1, grid_size[0] * grid_size[1]) if shape is None else shape[:2]
+        path = self.mixing_path(grid_size, B)
+        num_prefix = N - grid_size[0] * grid_size[1] if path in ('operator', 'separable') else 0
+        dtype = _mixing_dtype(self.v.weight)
+        cache = not torch.is_grad_enabled() and not torch.compiler.is_compiling()
+        if cache:
+            params = (self.log_sigma, self.offset, self.mix_logits)
+            key = (path, tuple(grid_size), num_prefix, dtype, self.prefix_mixing,
+                   tuple((p.device, p.data_ptr(), p._version) for p in params))
+            if self._constants_cache is not None and self._constants_cache[0] == key:
+                return {'kernels': self._constants_cache[1]}
+        mean = self.prefix_mixing == 'mean'
+        device_type = self.log_sigma.device.type
+        no_autocast = torch.autocast(device_type, enabled=False) if torch.amp.is_autocast_available(device_type) \
+            else contextlib.nullcontext()
+        with no_autocast:  # built in float32, cast once at the end
+            gy, gx, mix = self.kernels(grid_size)
+            if path == 'operator':
+                tensors = (_flush(_token_operator_t(gy, gx, mix, num_prefix, mean), dtype),)
+            elif path == 'separable':
+                gx_t, gy_rows = _separable_operands(gy, gx, mix, self.head_dim, num_prefix, mean)
+                tensors = (_flush(gx_t, dtype), _flush(gy_rows, dtype))
+            else:
+                tensors = (_flush(gy * mix[..., None, None], dtype), _flush(gx, dtype))
+        constants = MixingConstants(path, tensors)
+        if cache:
+            self._constants_cache = (key, constants)
+        return {'kernels': constants}
 
     def _recomputes_in_backward(self) -> bool:
         """Whether this call's mixing is checkpointed by the mixer itself: a backward will follow, recomputing is
@@ -439,15 +610,19 @@ class SeparableGaussianMixer(nn.Module):
         nest a second checkpoint inside that one and run the mixing three times, so it stands down."""
         self.within_checkpoint = enable
 
+    def train(self, mode: bool = True) -> 'SeparableGaussianMixer':
+        self._constants_cache = None
+        return super().train(mode)
+
     def forward(
             self,
             x: torch.Tensor,
             grid_size: Optional[Tuple[int, int]] = None,
             return_attn: bool = False,
-            kernels: Optional[Tuple[torch.Tensor, torch.Tensor]] = None,
+            kernels: Optional[MixingConstants] = None,
     ) -> torch.Tensor:
-        """Mix ``x`` [B, N, C] on its patch grid; ``kernels`` are ``field_constants(grid_size)``'s, when a depth
-        integrator computed them once for all its evaluations of this mixer."""
+        """Mix ``x`` [B, N, C] on its patch grid; ``kernels`` are ``field_constants(grid_size, x.shape)``'s, when a
+        depth integrator computed them once for all its evaluations of this mixer."""
         if return_attn:
             raise RuntimeError(
                 'SeparableGaussianMixer forms no attention map; use dense_operator(grid_size) for its N x N '
@@ -463,13 +638,20 @@ class SeparableGaussianMixer(nn.Module):
             # the mean of the patch values without the values (each head makes its own): the projection is affine
             return self._with_prefix(self._steered(x, H, W), num_prefix, lambda: F.linear(
                 x[:, num_prefix:].mean(dim=1, keepdim=True), self.v.weight, self.v.bias))
+        if kernels is None:
+            kernels = self.field_constants(grid_size, x.shape)['kernels']
+        path, tensors = kernels
+        if path == 'operator':
+            return self.proj_drop(_mix_operator(x, self.v, self.proj, *tensors))
+        if path == 'separable':
+            return self.proj_drop(_mix_separable(x, self.v, self.proj, *tensors, grid_size))
+        gy, gx = tensors
+        if path == 'fused':
+            y = separable_mix(self.v(x), gy, gx, H, W, self.prefix_mixing == 'mean')
+            return self.proj_drop(self.proj(y))
         v = self.v(x)
-        gy, gx = self.field_constants(grid_size)['kernels'] if kernels is None else kernels
         vp = v[:, num_prefix:].reshape(B, H, W, self.num_heads, self.head_dim)
-        gx, gy = gx.to(v.dtype), gy.to(v.dtype)
-        flush = _negligible_weight(v.dtype)  # subnormal tails: zero them
-        gx, gy = gx.masked_fill(gx < flush, 0.), gy.masked_fill(gy < flush, 0.)
-        if self.mixing == 'accumulate':
+        if path == 'accumulate':
             # head-major [heads, H, B * d, W]: both axes become plain bmm, one component at a time
             p = _head_major(v, num_prefix, H, W, self.num_heads)
             y = _SeparableMixFn.apply(p, gx, gy, x, self.v.weight, self.v.bias, num_prefix, H, W)
@@ -525,10 +707,7 @@ class SeparableGaussianMixer(nn.Module):
         """The [heads, H*W, H*W] token-mixing matrix this mixer applies to the patch values (for small grids)."""
         if self.steer:
             raise TypeError('A steered mixer has no fixed operator: its kernels depend on the tokens.')
-        gy, gx, mix = self.kernels(grid_size)
-        H, W = grid_size
-        op = torch.einsum('hk,hkac,hkbd->habcd', mix, gy, gx)
-        return op.reshape(self.num_heads, H * W, H * W)
+        return _grid_operator(*self.kernels(grid_size))
 
     @torch.no_grad()
     def lipschitz_bound(self, grid_size: Tuple[int, int], num_prefix_tokens: int = 0) -> torch.Tensor:

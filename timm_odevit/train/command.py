@@ -23,6 +23,7 @@ from datetime import datetime
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import torch
+import torch._inductor
 import torch.distributed as dist
 import timm
 from huggingface_hub.utils.sha import sha_fileobj
@@ -52,6 +53,8 @@ _logger = logging.getLogger('timm_odevit.train')
 _console_logging = False
 
 PROG = 'python -m timm_odevit.train'
+# torch.compile's modes, from torch itself: 'reduce-overhead' and 'max-autotune' use CUDA graphs
+COMPILE_MODES = tuple(torch._inductor.list_mode_options())
 DISTILL_MODES = ('trajectory', 'logit')
 # the options logit KD uses; every other distillation option steers the trajectory terms only
 LOGIT_KD_OPTIONS = ('teacher', 'teacher_checkpoint', 'teacher_kwargs', 'distill', 'kd_weight', 'kd_temperature',
@@ -153,6 +156,9 @@ def _parser() -> argparse.ArgumentParser:
                    help='bf16: forward and loss under bfloat16 autocast (CPU or CUDA); weights stay fp32')
     g.add_argument('--torchcompile', nargs='?', const='inductor', default=None, metavar='BACKEND',
                    help="torch.compile the trained module (backend 'inductor' when given without one)")
+    g.add_argument('--torchcompile-mode', default=None, choices=COMPILE_MODES,
+                   help="torch.compile mode, as timm's train.py: 'reduce-overhead' brings CUDA graphs (inductor's "
+                        "default mode has none); implies --torchcompile")
     g.add_argument('--output', default='./output/train', help='parent of the run folders')
     g.add_argument('--experiment', default='', help='run folder name (default: date, model, alone/guided)')
     g.add_argument('--resume', default='', help='checkpoint to continue from (model, optimizer, epoch, EMA, task)')
@@ -504,10 +510,10 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
         task.setup_ema(decay=args.model_ema_decay)
         if args.resume:
             load_task_ema_checkpoint(task, args.resume)
-    if args.torchcompile:
+    if args.torchcompile or args.torchcompile_mode:
         # after resume (the checkpoint's keys are the plain module's) and before DDP, as timm's train.py does;
         # saved state dicts are unwrapped again, so checkpoints never carry the '_orig_mod.' prefix
-        task.compile(backend=args.torchcompile)
+        task.compile(backend=args.torchcompile or 'inductor', mode=args.torchcompile_mode)
     if distributed:
         task.prepare_distributed()
 
