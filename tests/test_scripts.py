@@ -96,9 +96,11 @@ def test_train_py_calls(name, tmp_path):
         assert torch.equal(resumed.eval()(x), model.eval()(x))
 
 
-def test_validate_py_calls_on_published_weights(tmp_path):
+@pytest.mark.parametrize('amp_dtype', [None, torch.float16], ids=['float32', 'amp_float16'])
+def test_validate_py_calls_on_published_weights(tmp_path, amp_dtype):
     # validate.py: create_model(model, pretrained, num_classes, in_chans, global_pool, scriptable, **model_kwargs);
-    # train.py --pretrained-path feeds weights the same way, through pretrained_cfg_overlay(file=...)
+    # train.py --pretrained-path feeds weights the same way, through pretrained_cfg_overlay(file=...); with --amp
+    # every forward runs under torch.autocast(device_type, dtype=float16), validate.py's default --amp-dtype
     repo = WEIGHTS / 'ssog_ode_tiny_patch4_32.fmnist'
     model = timm.create_model('ssog_ode_tiny_patch4_32.fmnist', pretrained=True, num_classes=None, in_chans=1,
                               global_pool=None, scriptable=False,
@@ -115,7 +117,7 @@ def test_validate_py_calls_on_published_weights(tmp_path):
                            std=data_config['std'], num_workers=0, crop_pct=data_config['crop_pct'],
                            crop_mode=data_config['crop_mode'], device=torch.device('cpu'))
     correct = n = 0
-    with torch.no_grad():
+    with torch.inference_mode(), torch.autocast('cpu', dtype=amp_dtype or torch.float16, enabled=bool(amp_dtype)):
         for x, y in loader:
             correct += (model(x).argmax(-1) == y).sum().item()
             n += len(y)

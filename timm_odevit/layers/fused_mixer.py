@@ -24,18 +24,31 @@ except ImportError:  # a CPU-only environment: the op keeps its reference implem
     triton = tl = None
     HAS_TRITON = False
 
-__all__ = ['separable_mix', 'separable_mix_reference', 'separable_mix_triton', 'HAS_TRITON']
+__all__ = ['separable_mix', 'separable_mix_reference', 'separable_mix_triton', 'einsum_mix', 'HAS_TRITON']
+
+
+def einsum_mix(vp: torch.Tensor, gx: torch.Tensor, gy: torch.Tensor) -> torch.Tensor:
+    """sum_k G^y_k V G^x_k^T per head: values [B, H, W, heads, d], kernels [heads, K, n, n] (G^y pre-weighted).
+
+    One pair of contractions for all K components at once, through a K-fold intermediate [B, heads, K, H, W, d]:
+    the reference every other path is checked against (and the mixer's 'einsum' path)."""
+    # x axis, then y axis with the mixture sum folded into the same contraction over (k, row)
+    return torch.einsum('hkuy,bhkyvd->buvhd', gy, _mix_columns(vp, gx))
+
+
+def _mix_columns(vp: torch.Tensor, gx: torch.Tensor) -> torch.Tensor:
+    """Every component's x-axis mixing, [B, heads, K, H, W, d]."""
+    return torch.einsum('hkvw,bywhd->bhkyvd', gx, vp)
 
 
 def separable_mix_reference(v: torch.Tensor, gy: torch.Tensor, gx: torch.Tensor, height: int, width: int,
                             mean_prefix: bool) -> torch.Tensor:
-    """The mixing in plain PyTorch (two einsums through a K-fold intermediate), what the fused kernel must equal."""
+    """The mixing in plain PyTorch (``einsum_mix``), prefix rows included: what the fused kernel must equal."""
     B, N, C = v.shape
     heads = gy.shape[0]
     num_prefix = N - height * width
     vp = v[:, num_prefix:].reshape(B, height, width, heads, C // heads)
-    t = torch.einsum('hkvw,bywhd->bhkyvd', gx, vp)
-    y = torch.einsum('hkuy,bhkyvd->buvhd', gy, t).reshape(B, height * width, C)
+    y = einsum_mix(vp, gx, gy).reshape(B, height * width, C)
     if not num_prefix:
         return y
     prefix = v[:, num_prefix:].mean(dim=1, keepdim=True) if mean_prefix else v.new_zeros(B, 1, C)
@@ -177,7 +190,7 @@ def _backward(ctx, grad: torch.Tensor) -> Tuple[Optional[torch.Tensor], ...]:
         gp = grad[:, num_prefix:].reshape(B, height, width, heads, C // heads)
         if ctx.needs_input_grad[1]:
             # dG^y_k[i, i'] = sum over (b, j, d) of dY[i, j] (V G^x_k^T)[i', j]
-            t = torch.einsum('hkvw,bywhd->bhkyvd', gx, vp)
+            t = _mix_columns(vp, gx)
             grad_gy = torch.einsum('buvhd,bhkyvd->hkuy', gp, t).to(gy.dtype)
         if ctx.needs_input_grad[2]:
             # dG^x_k[j, j'] = sum over (b, i', d) of (G^y_k^T dY)[i', j] V[i', j']

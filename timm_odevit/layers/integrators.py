@@ -18,7 +18,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
 from torch import nn
-from torch.fx._symbolic_trace import is_fx_tracing
+from torch.fx._symbolic_trace import is_fx_symbolic_tracing
 from torch.utils.checkpoint import checkpoint
 from torchdiffeq import odeint, odeint_adjoint
 
@@ -78,7 +78,7 @@ def field_constants(block: nn.Module, grid_size: Tuple[int, int], x: torch.Tenso
     need nothing. Under torch.fx tracing (timm's FX feature extraction) nothing either: the mixer is a leaf there
     and builds what it needs in its own forward."""
     fn = getattr(block, 'field_constants', None)
-    return fn(grid_size, x.shape) if fn is not None and not is_fx_tracing() else {}
+    return fn(grid_size, x.shape) if fn is not None and not is_fx_symbolic_tracing() else {}
 
 
 class _ResidualDepth(_DepthBase):

@@ -13,7 +13,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 from timm.layers import use_fused_attn
 
-from .fused_mixer import HAS_TRITON, separable_mix
+from .fused_mixer import HAS_TRITON, einsum_mix, separable_mix
 from .linalg import spectral_norm
 
 __all__ = ['MultiHeadAttention', 'SeparableGaussianMixer', 'IdentityMixer', 'create_mixer', 'MIXERS']
@@ -71,18 +71,6 @@ class MultiHeadAttention(nn.Module):
             out = F.dropout(attn, attn_drop) @ v
         out = self.proj_drop(self.proj(out.transpose(1, 2).reshape(B, N, C)))
         return (out, attn) if return_attn else out
-
-
-def _separable_mix(vp: torch.Tensor, gx: torch.Tensor, gy: torch.Tensor) -> torch.Tensor:
-    """sum_k G^y_k V G^x_k^T per head: values [B, H, W, heads, d], kernels [heads, K, n, n] (G^y pre-weighted).
-
-    The einsum path: one pair of contractions for all K components at once, through a K-fold intermediate
-    [B, heads, K, H, W, d]. Fewer, larger kernels (about 10% faster for a CPU training step at 1024 px, equal in
-    inference: docs/benchmark.md); K times the values in memory.
-    """
-    # x axis, then y axis with the mixture sum folded into the same contraction over (k, row)
-    t = torch.einsum('hkvw,bywhd->bhkyvd', gx, vp)
-    return torch.einsum('hkuy,bhkyvd->buvhd', gy, t)
 
 
 def _mix_accumulate(p: torch.Tensor, gx: torch.Tensor, gy: torch.Tensor) -> torch.Tensor:
@@ -449,7 +437,7 @@ def _steered_heads(
 # value-sized; 'einsum', two einsums through a K-fold intermediate; 'auto' chooses (SeparableGaussianMixer.mixing_path)
 MIXING_PATHS = ('auto', 'operator', 'separable', 'fused', 'accumulate', 'einsum')
 # the largest patch grid 'auto' mixes with the N x N operator (docs/benchmark.md, "Mixing paths")
-OPERATOR_MAX_PATCHES = 256
+OPERATOR_MAX_PATCHES = 576
 
 
 class SeparableGaussianMixer(nn.Module):
@@ -658,9 +646,9 @@ class SeparableGaussianMixer(nn.Module):
             y = y.reshape(self.num_heads, H, B, self.head_dim, W).permute(2, 1, 4, 0, 3)
         elif self._recomputes_in_backward():
             # the x-axis result is K times the values: recompute it in backward instead of keeping it
-            y = checkpoint(_separable_mix, vp, gx, gy, use_reentrant=False)
+            y = checkpoint(einsum_mix, vp, gx, gy, use_reentrant=False)
         else:
-            y = _separable_mix(vp, gx, gy)
+            y = einsum_mix(vp, gx, gy)
         y = y.reshape(B, H * W, C)
         return self._with_prefix(y, num_prefix, lambda: v[:, num_prefix:].mean(dim=1, keepdim=True))
 
