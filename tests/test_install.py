@@ -1,12 +1,13 @@
 """The main command from a normal (non-editable) install, offline, outside the checkout.
 
 A copy of the source tree is installed with ``pip install --no-deps --no-build-isolation`` into a temporary virtual
-environment that sees the system's torch and timm (``--system-site-packages``); ``python -m timm_odevit --sizes tiny``
+environment that sees the testing environment's torch and timm (a ``.pth`` file); ``python -m timm_odevit --sizes tiny``
 then runs from an empty folder with a fresh HF_HOME and cache, so nothing of the checkout can be read by accident.
 """
 import os
 import re
 import shutil
+import site
 import subprocess
 import sys
 from pathlib import Path
@@ -36,11 +37,16 @@ def installed(tmp_path_factory):
     src = tmp / 'src'
     # a copy: an in-tree build would write build/ into the checkout and could pick up stale files from it
     shutil.copytree(REPO_ROOT, src, ignore=_NOT_SOURCE)
-    # without its own pip/setuptools: the venv uses the system's (the build needs setuptools>=77, see pyproject)
-    subprocess.run([sys.executable, '-m', 'venv', '--system-site-packages', '--without-pip', str(tmp / 'venv')],
-                   check=True, timeout=300)
+    # without its own pip/setuptools: the venv reads those of the environment running the tests, with its torch and
+    # timm (torch requires setuptools>=77, which the build needs, see pyproject). Through a .pth file, not
+    # --system-site-packages: a venv made from inside a venv would see the base interpreter's packages, which a new
+    # machine does not have
+    subprocess.run([sys.executable, '-m', 'venv', '--without-pip', str(tmp / 'venv')], check=True, timeout=300)
     python = tmp / 'venv' / 'bin' / 'python'
     env = _isolated_env(tmp)
+    r = subprocess.run([str(python), '-c', 'import sysconfig; print(sysconfig.get_paths()["purelib"])'],
+                       capture_output=True, text=True, check=True, timeout=300, env=env)
+    Path(r.stdout.strip(), 'testing_environment.pth').write_text('\n'.join(site.getsitepackages()) + '\n')
     r = subprocess.run([str(python), '-m', 'pip', 'install', '--quiet', '--no-deps', '--no-build-isolation',
                         str(src)], capture_output=True, text=True, timeout=600, env=env, cwd=str(tmp))
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
