@@ -105,3 +105,24 @@ def test_main_command_says_what_is_missing(installed):
     assert r.returncode == 1
     assert 'missing a weights folder' in r.stdout and 'Fashion-MNIST sample' in r.stdout
     assert 'pip install .' in r.stdout and '--no-demo' in r.stdout
+
+
+def test_headline_line_loads_offline_in_a_fresh_environment(installed):
+    """``timm.create_model('ssog_ode_small', pretrained=True)`` after a normal install, in a fresh interpreter with an
+    empty cache, no HF_ENDPOINT and no network (the proxies point at a closed port): the bundled weights go into the
+    Hugging Face cache and timm's own Hub loader reads them there, saying where they came from."""
+    python, env, work = installed
+    env = {k: v for k, v in env.items() if k != 'HF_HUB_OFFLINE'}
+    env.update(HTTPS_PROXY='http://127.0.0.1:9', HTTP_PROXY='http://127.0.0.1:9', PYTHONWARNINGS='default')
+    code = ("import timm\nm = timm.create_model('ssog_ode_small', pretrained=True)\n"
+            "print(m.pretrained_cfg['architecture'], m.pretrained_cfg['tag'])\n")
+    r = subprocess.run([str(python), '-c', code], capture_output=True, text=True, timeout=600, env=env, cwd=str(work))
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert 'ssog_ode_small fmnist_64px' in r.stdout
+    assert 'loading the copy installed with timm_odevit' in r.stderr and BUNDLE_DIR in r.stderr
+
+
+def test_bundle_folder_is_named_alike_where_it_is_written_and_read():
+    """setup.py copies the bundled weights into hub.demo.BUNDLE_DIR; pretrained=True looks in models.pretrained's."""
+    from timm_odevit.models import pretrained
+    assert pretrained.BUNDLE_DIR == BUNDLE_DIR

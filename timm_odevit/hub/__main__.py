@@ -65,7 +65,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     u.add_argument('--private', action='store_true')
 
     s = sub.add_parser('serve', help='serve a folder of repos over the Hub download protocol on loopback')
-    s.add_argument('--root', default='weights')
+    s.add_argument('--root', default=None,
+                   help="folder of repos (default: ./weights where it is one, else the weights this install carries: "
+                        "a checkout's weights/ or the bundled default model's)")
     s.add_argument('--port', type=int, default=8765)
     s.add_argument('--host', default='127.0.0.1')
     s.add_argument('--org', default=ORG)
@@ -147,8 +149,12 @@ def main(argv: Optional[List[str]] = None) -> int:
         print('\n'.join(push(a.folder, a.repo_id, a.dry_run, private=a.private)))
     elif a.cmd == 'serve':
         import timm_odevit  # noqa: F401  (the checks build models named in config.json)
-        from .server import serve
-        serve(a.root, a.port, a.host, a.org, not a.no_verify, a.duration)
+        from .server import default_serve_root, serve
+        try:
+            serve(a.root or default_serve_root(), a.port, a.host, a.org, not a.no_verify, a.duration)
+        except (OSError, ValueError) as e:
+            print(f'error: {e}', file=sys.stderr)
+            return 2
     elif a.cmd == 'evaluate':
         r = evaluate_folder(a.folder, a.data, a.solver)
         solver = f' with {a.solver}' if a.solver else ''

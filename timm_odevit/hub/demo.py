@@ -18,6 +18,7 @@ from typing import Dict, List, Optional
 
 from .. import data as fm
 from . import MANIFEST_FILE, ORG
+from ..models.pretrained import local_weights_roots
 from .server import HubMirror
 
 __all__ = ['DEFAULT_MODEL', 'BUNDLE_DIR', 'BUNDLED_REPOS', 'SAMPLE_NAME', 'weights_root', 'sample_dir', 'hub_env',
@@ -59,9 +60,7 @@ print(f"top-1 on the bundled sample {r['top1']:.2f}% ({r['correct']}/{r['n']}), 
 
 def weights_root() -> Optional[Path]:
     """The folder of Hub repos the demo serves: the copy bundled with the package, else a checkout's ``weights/``."""
-    bundled = _PACKAGE / BUNDLE_DIR / 'weights'
-    checkout = _CHECKOUT / 'weights'
-    return next((d for d in (bundled, checkout) if (d / MANIFEST_FILE).is_file()), None)
+    return next(iter(local_weights_roots()), None)
 
 
 def sample_dir() -> Optional[Path]:

@@ -22,6 +22,7 @@ The folder holds ``<repo>/`` directories (``weights/<arch>.<tag>/``) and ``MANIF
 
 Only the standard library (``http.server``, threaded); binds to loopback only.
 """
+import errno
 import hashlib
 import ipaddress
 import itertools
@@ -37,6 +38,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 from urllib.parse import unquote, urlsplit
 
+from ..models.pretrained import local_weights_roots
 from . import MANIFEST_FILE, ORG
 from .verify import RepoError, load_manifest, sha256_file, verify_repo
 
@@ -249,6 +251,8 @@ class _Server(ThreadingHTTPServer):
     request_queue_size = 32
 
     def __init__(self, addr: Tuple[str, int], root: Path, org: str, verify: bool) -> None:
+        # what server_close needs first: socketserver calls it when binding fails
+        self._store = tempfile.TemporaryDirectory(prefix='timm_odevit_mirror_')
         super().__init__(addr, _Handler)
         self.root = Path(root)
         self.org = org
@@ -258,7 +262,6 @@ class _Server(ThreadingHTTPServer):
         self._build_lock = threading.Lock()
         self._snapshots: Dict[str, Tuple[Any, _Snapshot]] = {}
         # snapshots are never rewritten or deleted while the server runs: a download in flight keeps its bytes
-        self._store = tempfile.TemporaryDirectory(prefix='timm_odevit_mirror_')
         self._copies = itertools.count()
 
     def server_close(self) -> None:
@@ -351,7 +354,15 @@ class HubMirror:
             raise ValueError(f'The mirror binds to loopback only, got host {host!r}; use 127.0.0.1.')
         if not Path(root).is_dir():
             raise FileNotFoundError(f'{root} is not a folder of Hub repos (e.g. weights/).')
-        self._server = _Server((host, port), Path(root), org, verify)
+        if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
+            raise ValueError(f'Port {port!r} is not a TCP port: give one in 0-65535 (0: a free one).')
+        try:
+            self._server = _Server((host, port), Path(root), org, verify)
+        except OSError as e:
+            if e.errno == errno.EADDRINUSE:
+                raise OSError(f'Port {port} on {host} is in use (another mirror?): stop it, or choose another with '
+                              '--port (0: a free one).') from None
+            raise OSError(f'The mirror cannot listen on {host}:{port}: {e.strerror or e}.') from None
         self._thread: Optional[threading.Thread] = None
 
     @property
@@ -386,6 +397,19 @@ class HubMirror:
 
     def __exit__(self, *exc: Any) -> None:
         self.stop()
+
+
+def default_serve_root() -> Path:
+    """What ``serve`` serves without ``--root``: ``./weights`` where it is a folder of repos, else the weights this
+    install carries (a checkout's ``weights/``, or the default model's bundled with a wheel)."""
+    here = Path('weights')
+    if (here / MANIFEST_FILE).is_file():
+        return here
+    roots = local_weights_roots()
+    if not roots:
+        raise FileNotFoundError('No folder of Hub repos here (./weights) and none installed with timm_odevit: give '
+                                'one with --root.')
+    return roots[0]
 
 
 def serve(root: str = 'weights', port: int = 8765, host: str = '127.0.0.1', org: str = ORG,

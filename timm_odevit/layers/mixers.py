@@ -5,7 +5,7 @@ and is called as ``mixer(x, grid_size)``; only the Gaussian mixer needs the grid
 """
 import contextlib
 import math
-from typing import Callable, Dict, Final, List, NamedTuple, Optional, Sequence, Tuple, Union
+from typing import Callable, Dict, Final, NamedTuple, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.nn.functional as F

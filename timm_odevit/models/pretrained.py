@@ -3,16 +3,29 @@ and the one place the Hub organisation is named.
 
 A tag is listed here only once its folder is committed under ``weights/`` (a test checks both directions).
 """
+import contextlib
+import hashlib
+import json
 import os
-from typing import Any, Dict, Optional
+import shutil
+import urllib.error
+import urllib.request
+import warnings
+from pathlib import Path
+from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 from ..data import FASHION_MNIST_CLASSES, FASHION_MNIST_MEAN, FASHION_MNIST_STD
 
 __all__ = ['ORG', 'hub_id', 'FMNIST_TAG', 'FMNIST_CFG', 'fmnist_input', 'fmnist_cfg', 'TAG_MODEL_ARGS',
-           'tag_model_args', 'keep_untagged_default', 'check_reachable']
+           'tag_model_args', 'keep_untagged_default', 'pretrained_source', 'local_weights_roots', 'ENDPOINT_TIMEOUT']
 
 # the one place the Hub organisation is named; every published hf_hub_id is built from it by hub_id()
 ORG = 'timm-odevit'
+# the package folder setup.py copies the default model's weights into (read there from hub/demo.py, which names it
+# too: a test checks that they agree)
+BUNDLE_DIR = '_bundled'
+# seconds a Hub endpoint other than huggingface.co gets to answer before pretrained=True gives up on it
+ENDPOINT_TIMEOUT = 2.0
 
 
 def hub_id(arch: str, tag: str) -> str:
@@ -74,21 +87,123 @@ def keep_untagged_default(default_cfgs: Dict[str, Any]) -> Dict[str, Any]:
     return default_cfgs
 
 
-def check_reachable(hf_hub_id: Optional[str], file: Optional[str] = None) -> None:
-    """Fail at once, saying what to do, when ``pretrained=True`` would ask huggingface.co for weights of ours.
+def local_weights_roots() -> List[Path]:
+    """Folders of published repos (``<arch>.<tag>/`` plus ``MANIFEST.json``) this install carries: the weights bundled
+    with the package (a wheel carries the default model's), and a checkout's ``weights/`` (all of them)."""
+    package = Path(__file__).resolve().parents[1]
+    candidates = (package / BUNDLE_DIR / 'weights', package.parent / 'weights')
+    return [d for d in candidates if (d / 'MANIFEST.json').is_file()]
 
-    Our weights are not on huggingface.co yet, so without a mirror (``HF_ENDPOINT``) or a cached copy the Hub client
-    would retry for most of a minute and end with "check your connection". A local file, another organisation's
-    repository, a mirror or a copy in the Hub cache pass through untouched.
+
+def _local_repo(hf_hub_id: str) -> Optional[Tuple[Path, Dict[str, Any]]]:
+    """(folder, manifest entries) of a published repo this install carries, or None."""
+    repo = hf_hub_id.split('/', 1)[1]
+    for root in local_weights_roots():
+        files = json.loads((root / 'MANIFEST.json').read_text()).get('files', {})
+        own = {k: v for k, v in files.items() if k.startswith(f'{repo}/')}
+        if own and all((root / k).is_file() for k in own):
+            return root / repo, own
+    return None
+
+
+def _seed_hub_cache(hf_hub_id: str, folder: Path, entries: Dict[str, Any]) -> Path:
+    """Copy a local repo into the Hugging Face cache as huggingface_hub lays out a download (snapshot files, then
+    ``refs/main``, so an interrupted copy is never a revision), under the commit id the local mirror serves it as.
+    Returns the snapshot folder."""
+    from huggingface_hub import constants
+    commit = hashlib.sha1(json.dumps(entries, sort_keys=True).encode()).hexdigest()
+    org, name = hf_hub_id.split('/', 1)
+    repo_cache = Path(constants.HF_HUB_CACHE) / f'models--{org}--{name}'
+    snapshot = repo_cache / 'snapshots' / commit
+    snapshot.mkdir(parents=True, exist_ok=True)
+    for key in entries:
+        target = snapshot / key.split('/', 1)[1]
+        if not target.is_file():
+            tmp = target.with_name(f'.{target.name}.incomplete')
+            shutil.copyfile(folder.parent / key, tmp)
+            os.replace(tmp, target)
+    (repo_cache / 'refs').mkdir(exist_ok=True)
+    (repo_cache / 'refs' / 'main').write_text(commit)
+    return snapshot
+
+
+def _endpoint_problem(endpoint: str, hf_hub_id: str) -> Optional[str]:
+    """Why a Hub endpoint cannot serve now (refused, unreachable, silent for ``ENDPOINT_TIMEOUT`` s), or None when it
+    answers at all: one HEAD, where huggingface_hub would retry a dead endpoint for most of a minute."""
+    url = f'{endpoint.rstrip("/")}/{hf_hub_id}/resolve/main/config.json'
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, method='HEAD'), timeout=ENDPOINT_TIMEOUT):
+            return None
+    except urllib.error.HTTPError:
+        return None  # it answered: what it answers is the Hub client's to report
+    except (urllib.error.URLError, OSError) as e:
+        reason = getattr(e, 'reason', e)
+        return 'no answer within {:g} s'.format(ENDPOINT_TIMEOUT) if isinstance(reason, TimeoutError) or \
+            'timed out' in str(reason) else str(reason)
+
+
+@contextlib.contextmanager
+def _hub_offline() -> Iterator[None]:
+    """huggingface_hub in offline mode for one load: it reads the cache and sends nothing."""
+    from huggingface_hub import constants
+    before = constants.HF_HUB_OFFLINE
+    constants.HF_HUB_OFFLINE = True
+    try:
+        yield
+    finally:
+        constants.HF_HUB_OFFLINE = before
+
+
+def _mirror_advice(repo: str) -> str:
+    here = Path.cwd()
+    local = next((d for d in (here / 'weights' / repo,) if d.is_dir()), None)
+    local_dir = f"'local-dir:{local.relative_to(here).as_posix()}'" if local else f"'local-dir:<folder of {repo}>'"
+    return (f'Start the local Hub mirror with `python -m timm_odevit.hub serve` (it prints the HF_ENDPOINT to set before '
+            f'Python starts), or load a folder of the weights directly: timm.create_model({local_dir}, '
+            'pretrained=True).')
+
+
+@contextlib.contextmanager
+def pretrained_source(hf_hub_id: Optional[str], file: Optional[str] = None) -> Iterator[None]:
+    """Around timm's pretrained load of one of our weights: decide where it comes from, before any request.
+
+    - A Hub endpoint other than huggingface.co (``HF_ENDPOINT``: the local mirror) that answers: it serves, as usual.
+    - One that does not answer within ``ENDPOINT_TIMEOUT`` s: a copy in the Hugging Face cache is loaded offline,
+      else a RuntimeError names the endpoint, the command that starts the mirror and ``local-dir:``, at once (the Hub
+      client would retry for most of a minute and then say only "check your connection").
+    - huggingface.co (our weights are not there yet): the cached copy; else the copy this install carries (the
+      default model's bundled weights, or a checkout's ``weights/``) is put in the Hugging Face cache and loaded from
+      there; else the RuntimeError.
+    Every cache load goes through timm's unmodified Hub loader with huggingface_hub offline for that call, and says
+    once where the weights came from. A local file, or another organisation's repository, pass through untouched.
     """
     if not hf_hub_id or not hf_hub_id.startswith(f'{ORG}/') or file:
+        yield
         return
     from huggingface_hub import constants, try_to_load_from_cache
-    mirrored = os.environ.get('HF_ENDPOINT') or constants.ENDPOINT.rstrip('/') != 'https://huggingface.co'
-    if mirrored or isinstance(try_to_load_from_cache(hf_hub_id, 'model.safetensors'), str):
-        return
     repo = hf_hub_id.split('/', 1)[1]
-    raise RuntimeError(
-        f'{hf_hub_id} is not on huggingface.co yet, and no local Hub mirror is set. Serve the published weights with '
-        f'`python -m timm_odevit.hub serve --root weights` and set HF_ENDPOINT to the address it prints before Python '
-        f"starts, or load the folder directly: timm.create_model('local-dir:weights/{repo}', pretrained=True).")
+    endpoint = constants.ENDPOINT.rstrip('/')
+    cached = try_to_load_from_cache(hf_hub_id, 'model.safetensors')
+    cached = cached if isinstance(cached, str) else None
+    if endpoint != 'https://huggingface.co':
+        problem = _endpoint_problem(endpoint, hf_hub_id)
+        if problem is None:
+            yield
+            return
+        if cached is None:
+            raise RuntimeError(f'The Hub endpoint HF_ENDPOINT={endpoint} does not answer ({problem}), and {hf_hub_id} '
+                               f'is not in the Hugging Face cache. {_mirror_advice(repo)}')
+        source = f'HF_ENDPOINT={endpoint} does not answer ({problem}): {hf_hub_id} loads from the Hugging Face cache'
+    elif cached is not None:
+        source = f'{hf_hub_id} loads from the Hugging Face cache (not on huggingface.co yet)'
+    else:
+        local = _local_repo(hf_hub_id)
+        if local is None:
+            raise RuntimeError(f'{hf_hub_id} is not on huggingface.co yet, this install does not carry it, and no '
+                               f'local Hub mirror is set. {_mirror_advice(repo)}')
+        snapshot = _seed_hub_cache(hf_hub_id, *local)
+        source = (f'{hf_hub_id} is not on huggingface.co yet: loading the copy installed with timm_odevit ({local[0]}),'
+                  f' put in the Hugging Face cache ({snapshot})')
+    warnings.warn(source + '.', stacklevel=4)
+    with _hub_offline():
+        yield

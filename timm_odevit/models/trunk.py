@@ -1,6 +1,7 @@
 """The one ViT trunk behind every family: a token mixer (dense attention, separable Gaussian) crossed with a depth
 integrator (discrete, looped, ODE), and the whole timm model contract on top.
 """
+import contextlib
 from typing import Any, Dict, List, Literal, Optional, Set, Tuple, Union
 
 import torch
@@ -18,7 +19,7 @@ from timm.models.vision_transformer import global_pool_nlc
 from ..layers import (
     CenterNorm, DiscreteDepth, FieldBlock, LoopedDepth, OdeDepth, SeparableGaussianMixer, spectral_norm_estimate,
 )
-from .pretrained import check_reachable, tag_model_args
+from .pretrained import pretrained_source, tag_model_args
 
 __all__ = ['DepthVisionTransformer', 'create_depth_vit', 'checkpoint_filter_fn', 'depth_vit_cfg']
 
@@ -558,9 +559,10 @@ def create_depth_vit(variant: str, pretrained: bool = False, **kwargs: Any) -> D
         else {}
     for k, v in tag_args.items():
         kwargs.setdefault(k, v)
+    source = contextlib.nullcontext()
     if pretrained:
         cfg = resolve_pretrained_cfg(variant, kwargs.get('pretrained_cfg'), kwargs.get('pretrained_cfg_overlay'))
-        check_reachable(cfg.hf_hub_id, cfg.file)
+        source = pretrained_source(cfg.hf_hub_id, cfg.file)
     out_indices = kwargs.pop('out_indices', 3)
     feature_cls = kwargs.get('feature_cls', 'getter')
     if kwargs.get('features_only') and feature_cls != 'getter' and kwargs.get('depth_mode', 'discrete') != 'discrete':
@@ -568,14 +570,15 @@ def create_depth_vit(variant: str, pretrained: bool = False, **kwargs: Any) -> D
             f"feature_cls={feature_cls!r} needs a module per layer; the layers of a {kwargs['depth_mode']} trunk are "
             "applications of one block (or ODE output times), not modules. Use feature_cls='getter' (the default), "
             'which reads them through forward_intermediates.')
-    model = build_model_with_cfg(
-        DepthVisionTransformer,
-        variant,
-        pretrained,
-        pretrained_filter_fn=checkpoint_filter_fn,
-        feature_cfg=dict(out_indices=out_indices, feature_cls='getter'),
-        **kwargs,
-    )
+    with source:
+        model = build_model_with_cfg(
+            DepthVisionTransformer,
+            variant,
+            pretrained,
+            pretrained_filter_fn=checkpoint_filter_fn,
+            feature_cfg=dict(out_indices=out_indices, feature_cls='getter'),
+            **kwargs,
+        )
     # timm's create_model records only the caller's kwargs for save_for_hf's config.json; the tag's go in too, so
     # that a re-serialised model keeps its solver
     model._model_args = {k: kwargs[k] for k in tag_args}

@@ -1,0 +1,106 @@
+"""Fault injection around the models: Hub endpoints that are down or silent, no Hub at all, a mirror on a busy or
+invalid port. Each case runs as a user would (a fresh interpreter, its own Hugging Face cache) and must end at once
+with a message that names the problem and a way out that works from where the user stands. No request may leave
+the machine: the proxies point at a closed port (loopback bypasses them). Timeouts here are limits that catch a client retrying for a minute
+(46-55 s before), not timings."""
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+# a child that took longer than this retried: the endpoint check answers within its 2 s timeout
+FAST = 30
+
+
+def _env(tmp_path: Path, **extra: str) -> dict:
+    env = {k: v for k, v in os.environ.items() if not k.startswith('HF_')}
+    env.update(HF_HOME=str(tmp_path / 'hf'), HF_HUB_DISABLE_TELEMETRY='1', HTTPS_PROXY='http://127.0.0.1:9',
+               HTTP_PROXY='http://127.0.0.1:9', NO_PROXY='127.0.0.1,localhost', PYTHONPATH=str(REPO_ROOT), PYTHONWARNINGS='default')
+    env.update(extra)
+    return env
+
+
+def _create(tmp_path: Path, name: str, prelude: str = '', **env: str) -> subprocess.CompletedProcess:
+    code = f'import timm, timm_odevit\n{prelude}\nm = timm.create_model({name!r}, pretrained=True)\nprint("loaded")\n'
+    return subprocess.run([sys.executable, '-c', code], env=_env(tmp_path, **env), capture_output=True, text=True,
+                          timeout=FAST, cwd=tmp_path)
+
+
+def _closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(('127.0.0.1', 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def silent_server():
+    """A loopback server that accepts connections and never answers."""
+    with socket.socket() as s:
+        s.bind(('127.0.0.1', 0))
+        s.listen(8)
+        yield f'http://127.0.0.1:{s.getsockname()[1]}'
+
+
+def _last_line(proc: subprocess.CompletedProcess) -> str:
+    return proc.stderr.strip().splitlines()[-1]
+
+
+@pytest.mark.parametrize('kind', ['closed_port', 'silent_server'])
+def test_dead_hub_endpoint_fails_at_once_naming_the_way_out(tmp_path, kind, silent_server):
+    endpoint = silent_server if kind == 'silent_server' else f'http://127.0.0.1:{_closed_port()}'
+    proc = _create(tmp_path, 'ssog_ode_tiny_patch4_32.fmnist', HF_ENDPOINT=endpoint)
+    last = _last_line(proc)
+    assert proc.returncode != 0 and last.startswith('RuntimeError'), proc.stderr[-2000:]
+    for phrase in (f'HF_ENDPOINT={endpoint} does not answer', 'python -m timm_odevit.hub serve', 'local-dir:'):
+        assert phrase in last, last
+    assert ('no answer within 2 s' in last) == (kind == 'silent_server')
+
+
+def test_dead_hub_endpoint_with_a_cached_copy_loads_it_and_says_so(tmp_path):
+    """The weights came through a mirror once; the mirror is gone now: the cached copy loads, offline, at once."""
+    first = _create(tmp_path, 'ssog_ode_tiny_patch4_32.fmnist')  # no endpoint: the checkout's copy, into the cache
+    assert first.returncode == 0, first.stderr[-2000:]
+    proc = _create(tmp_path, 'ssog_ode_tiny_patch4_32.fmnist', HF_ENDPOINT=f'http://127.0.0.1:{_closed_port()}')
+    assert proc.returncode == 0 and 'loaded' in proc.stdout, proc.stderr[-2000:]
+    assert 'does not answer' in proc.stderr and 'loads from the Hugging Face cache' in proc.stderr
+
+
+def test_headline_line_without_any_hub_loads_the_installed_copy_through_the_cache(tmp_path):
+    """create_model('ssog_ode_small', pretrained=True) with no HF_ENDPOINT and an empty cache: the weights this
+    install carries go into the Hugging Face cache and timm's own Hub loader reads them there; said once; the second
+    time the cache alone serves."""
+    proc = _create(tmp_path, 'ssog_ode_small')
+    assert proc.returncode == 0 and 'loaded' in proc.stdout, proc.stderr[-2000:]
+    assert 'not on huggingface.co yet: loading the copy installed with timm_odevit' in proc.stderr
+    snapshots = list((tmp_path / 'hf' / 'hub').glob('models--timm-odevit--ssog_ode_small.fmnist_64px/snapshots/*'))
+    assert len(snapshots) == 1 and (snapshots[0] / 'model.safetensors').is_file()
+    ref = snapshots[0].parent.parent / 'refs' / 'main'
+    assert ref.read_text() == snapshots[0].name
+    again = _create(tmp_path, 'ssog_ode_small')
+    assert again.returncode == 0 and 'loads from the Hugging Face cache' in again.stderr
+
+
+def test_no_hub_and_no_installed_copy_names_the_way_out(tmp_path):
+    proc = _create(tmp_path, 'ssog_ode_tiny_patch4_32.fmnist',
+                   prelude='import timm_odevit.models.pretrained as p; p.local_weights_roots = lambda: []')
+    last = _last_line(proc)
+    assert proc.returncode != 0 and last.startswith('RuntimeError')
+    for phrase in ('not on huggingface.co yet', 'python -m timm_odevit.hub serve', 'HF_ENDPOINT', 'local-dir:'):
+        assert phrase in last, last
+
+
+@pytest.mark.parametrize('port,message', [('busy', 'is in use (another mirror?)'), ('99999', 'is not a TCP port')])
+def test_mirror_on_a_busy_or_invalid_port_says_so_in_one_line(tmp_path, port, message):
+    with socket.socket() as taken:
+        taken.bind(('127.0.0.1', 0))
+        taken.listen(1)
+        number = str(taken.getsockname()[1]) if port == 'busy' else port
+        proc = subprocess.run([sys.executable, '-m', 'timm_odevit.hub', 'serve', '--port', number, '--duration', '1'],
+                              env=_env(tmp_path), capture_output=True, text=True, timeout=FAST, cwd=REPO_ROOT)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith('error: ') and message in lines[0], proc.stderr
