@@ -1,8 +1,8 @@
 """Fault injection around the models: Hub endpoints that are down or silent, no Hub at all, a mirror on a busy or
 invalid port. Each case runs as a user would (a fresh interpreter, its own Hugging Face cache) and must end at once
 with a message that names the problem and a way out that works from where the user stands. No request may leave
-the machine: the proxies point at a closed port (loopback bypasses them). Timeouts here are limits that catch a client retrying for a minute
-(46-55 s before), not timings."""
+the machine: the proxies point at a closed port (loopback bypasses them). Timeouts here are limits that catch a
+client retrying for a minute (46-55 s before), not timings."""
 import os
 import socket
 import subprocess
@@ -19,7 +19,8 @@ FAST = 30
 def _env(tmp_path: Path, **extra: str) -> dict:
     env = {k: v for k, v in os.environ.items() if not k.startswith('HF_')}
     env.update(HF_HOME=str(tmp_path / 'hf'), HF_HUB_DISABLE_TELEMETRY='1', HTTPS_PROXY='http://127.0.0.1:9',
-               HTTP_PROXY='http://127.0.0.1:9', NO_PROXY='127.0.0.1,localhost', PYTHONPATH=str(REPO_ROOT), PYTHONWARNINGS='default')
+               HTTP_PROXY='http://127.0.0.1:9', NO_PROXY='127.0.0.1,localhost', PYTHONPATH=str(REPO_ROOT),
+               PYTHONWARNINGS='default')
     env.update(extra)
     return env
 

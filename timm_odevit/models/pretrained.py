@@ -155,11 +155,9 @@ def _hub_offline() -> Iterator[None]:
 
 
 def _mirror_advice(repo: str) -> str:
-    here = Path.cwd()
-    local = next((d for d in (here / 'weights' / repo,) if d.is_dir()), None)
-    local_dir = f"'local-dir:{local.relative_to(here).as_posix()}'" if local else f"'local-dir:<folder of {repo}>'"
-    return (f'Start the local Hub mirror with `python -m timm_odevit.hub serve` (it prints the HF_ENDPOINT to set before '
-            f'Python starts), or load a folder of the weights directly: timm.create_model({local_dir}, '
+    folder = f'weights/{repo}' if (Path('weights') / repo).is_dir() else f'<folder of {repo}>'
+    return (f'Start the local Hub mirror with `python -m timm_odevit.hub serve` (it prints the HF_ENDPOINT to set '
+            f"before Python starts), or load a folder of the weights directly: timm.create_model('local-dir:{folder}', "
             'pretrained=True).')
 
 
