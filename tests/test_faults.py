@@ -105,3 +105,38 @@ def test_mirror_on_a_busy_or_invalid_port_says_so_in_one_line(tmp_path, port, me
     assert proc.returncode == 2, proc.stderr[-2000:]
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith('error: ') and message in lines[0], proc.stderr
+
+
+@pytest.mark.parametrize('argv,message', [
+    (['--lr=-1'], '--lr must be above 0, got -1.0'),
+    (['--lr', 'nan'], '--lr must be above 0, got nan'),
+    (['--min-lr=-1e-5'], '--min-lr must be at least 0'),
+    (['--weight-decay', '-1'], '--weight-decay must be at least 0'),
+    (['--warmup-epochs', '-2'], '--warmup-epochs must be at least 0'),
+    (['--epochs', '3', '--warmup-epochs', '3'], '--warmup-epochs 3 must be shorter than the run (--epochs 3)'),
+    (['--epochs', '0'], '--epochs must be at least 1'),
+    (['--batch-size', '0'], '--batch-size must be at least 1'),
+    (['--workers', '-1'], '--workers must be at least 0'),
+    (['--smoothing', '1'], '--smoothing must be in [0, 1), got 1.0'),
+    (['--model-ema-decay', '1'], '--model-ema-decay must be in (0, 1), got 1.0'),
+    (['--model-ema-decay', '0'], '--model-ema-decay must be in (0, 1), got 0.0'),
+    (['--kd-temperature', '0'], '--kd-temperature must be above 0'),
+    (['--clip-grad', 'inf'], None),  # allowed: no clipping in effect, as timm's train.py
+    (['--model', 'ssog_od_tiny'], 'did you mean ssog_ode_tiny'),
+])
+def test_training_options_out_of_range_refused_before_any_work(argv, message, capsys):
+    from timm_odevit.train.command import parse_args
+    if message is None:
+        assert parse_args(argv).clip_grad == float('inf')
+        return
+    with pytest.raises(SystemExit) as e:
+        parse_args(argv)
+    assert e.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_a_subset_larger_than_its_split_is_refused_naming_the_split_size():
+    from timm_odevit.data import SAMPLE_DIR, build_dataset
+    with pytest.raises(ValueError, match=r"100000000 samples asked for, but the 'test' split .* holds 1000: ask for "
+                                         r'at most 1000'):
+        build_dataset('fashion_mnist', SAMPLE_DIR, 'test', num_samples=100_000_000)

@@ -95,6 +95,13 @@ def run_all(out: Path, data_dir: str, device: str, extra: Dict[str, List[str]], 
     return codes
 
 
+def warmup_within(epochs: int) -> List[str]:
+    """The recipe's warm-up, shortened to fit a run of ``epochs`` (the training command refuses a warm-up as long as
+    the run); nothing to add when it fits."""
+    warmup = int(RECIPE[RECIPE.index('--warmup-epochs') + 1])
+    return [] if warmup < epochs else ['--warmup-epochs', str(epochs - 1)]
+
+
 def calibrate(out: Path, data_dir: str, device: str, runs: List[str], steps: int, light: List[str],
               deadline: float) -> Dict[str, float]:
     """Images/s of each run while all of them share the device (steps of the real recipe, warm-up included; with
@@ -102,7 +109,7 @@ def calibrate(out: Path, data_dir: str, device: str, runs: List[str], steps: int
     # the steps' images alone: every run decodes its training images onto the device first
     epochs = '2' if '--torchcompile' in light else '1'
     extra = ['--epochs', epochs, '--max-steps-per-epoch', str(steps), '--train-samples', str(steps * BATCH_SIZE),
-             '--val-samples', '512'] + light
+             '--val-samples', '512'] + warmup_within(int(epochs)) + light
     codes = run_all(out, data_dir, device, {r: extra for r in runs}, deadline)
     rates = {}
     for run, code in codes.items():
@@ -183,7 +190,8 @@ def main(argv: Optional[List[str]] = None) -> None:
     decay = ema_decay(epochs * math.ceil(TRAIN_IMAGES / BATCH_SIZE))
     print(f'EMA decay {decay} (a tenth of the run as its horizon)', flush=True)
     runs = work / 'runs'
-    extra = {r: ['--epochs', str(epochs), '--model-ema-decay', str(decay)] + subset for r in args.only}
+    extra = {r: ['--epochs', str(epochs), '--model-ema-decay', str(decay)] + warmup_within(epochs) + subset
+             for r in args.only}
     codes = run_all(runs, args.data_dir, args.device, extra, deadline)
     for run, code in codes.items():
         results = runs / run / 'results.json'

@@ -372,6 +372,10 @@ def build_dataset(
         base = create_dataset(name, root=root, split=split, download=False)
     if len(base) == 0:
         raise ValueError(f'The {split!r} split of {name or "the image folder"} at {root} is empty.')
+    if num_samples is not None and num_samples > len(base):
+        raise ValueError(f'A subset of {num_samples} samples asked for, but the {split!r} split of '
+                         f'{name or "the image folder"} holds {len(base)}: ask for at most {len(base)}, or leave the '
+                         'option out for all.')
     indices = None
     if num_samples is not None and num_samples < len(base):
         g = torch.Generator().manual_seed(seed)

@@ -11,6 +11,7 @@ wrapped or updated).
 """
 import argparse
 import csv
+import difflib
 import hashlib
 import json
 import logging
@@ -176,16 +177,53 @@ def distillation_options() -> Tuple[str, ...]:
     return tuple(a.dest for a in group._group_actions)
 
 
+# the range of each numeric option: (lowest, highest, whether each end is allowed); None: unbounded
+OPTION_RANGES: Dict[str, Tuple[Optional[float], Optional[float], bool, bool]] = {
+    **{k: (1, None, True, True) for k in ('epochs', 'batch_size', 'train_samples', 'val_samples',
+                                          'max_steps_per_epoch', 'img_size', 'checkpoint_hist', 'log_interval')},
+    **{k: (0, None, True, True) for k in ('workers', 'warmup_epochs', 'weight_decay', 'warmup_lr', 'min_lr',
+                                          'clip_grad', 'state_weight', 'attn_weight', 'kd_weight', 'ce_weight',
+                                          'ce_start_epoch', 'distill_end_epoch', 'jasmin_weight')},
+    'lr': (0, None, False, True),
+    'kd_temperature': (0, None, False, True),
+    'smoothing': (0, 1, True, False),
+    'model_ema_decay': (0, 1, False, False),
+    'jasmin_k': (2, None, True, True),
+}
+
+
+def _range_text(low: Optional[float], high: Optional[float], low_in: bool, high_in: bool) -> str:
+    if high is None:
+        return f'{"at least" if low_in else "above"} {low:g}'
+    return f'in {"[" if low_in else "("}{low:g}, {high:g}{"]" if high_in else ")"}'
+
+
+def _out_of_range(args: argparse.Namespace) -> Optional[str]:
+    """The first numeric option outside its range (NaN included), named with the range, or None."""
+    for name, (low, high, low_in, high_in) in OPTION_RANGES.items():
+        value = getattr(args, name)
+        if value is None:
+            continue
+        above = value >= low if low_in else value > low
+        below = high is None or (value <= high if high_in else value < high)
+        if not (above and below):  # NaN fails both
+            return f'--{name.replace("_", "-")} must be {_range_text(low, high, low_in, high_in)}, got {value}.'
+    if args.warmup_epochs >= args.epochs:
+        return f'--warmup-epochs {args.warmup_epochs} must be shorter than the run (--epochs {args.epochs}).'
+    return None
+
+
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
-    """The command line, checked: a bad value fails here with a message naming the option."""
+    """The command line, checked: a bad value fails here, before any work, with a message naming the option."""
     p = _parser()
     args = p.parse_args(argv)
-    if not 0. <= args.smoothing < 1.:
-        p.error(f'--smoothing must be in [0, 1), got {args.smoothing}.')
-    for name in ('epochs', 'batch_size', 'train_samples', 'val_samples', 'max_steps_per_epoch', 'img_size'):
-        value = getattr(args, name)
-        if value is not None and value < 1:
-            p.error(f'--{name.replace("_", "-")} must be at least 1, got {value}.')
+    problem = _out_of_range(args)
+    if problem:
+        p.error(problem)
+    if not timm.is_model(args.model) and not args.model.startswith(('hf-hub:', 'local-dir:')):
+        near = difflib.get_close_matches(args.model, timm.list_models(), n=3)
+        p.error(f'--model {args.model}: timm knows no such model'
+                + (f'; did you mean {", ".join(near)}?' if near else "; timm.list_models('*pattern*') lists them."))
     if args.teacher and args.distill == 'logit':
         defaults = {a.dest: a.default for a in p._actions}  # argparse exposes no public map of defaults
         unused = [f'--{k.replace("_", "-")}' for k in distillation_options()
