@@ -69,6 +69,12 @@ def check_image_input(
             f'Image size {H}x{W} is not divisible by the patch size {patch_size[0]}x{patch_size[1]}. Resize or crop '
             'to a multiple of the patch size, or build with dynamic_img_pad=True to pad.')
     if x.dtype != dtype and not torch.is_autocast_enabled(x.device.type):
+        if not x.is_floating_point():
+            # integer pixels (uint8 images): the model cannot take that dtype, the input must be converted
+            raise ValueError(
+                f'The model takes {dtype} images, got {x.dtype} pixels. Convert and normalise them first, as timm '
+                "does: data_config = timm.data.resolve_data_config(model=model); "
+                'timm.data.create_transform(**data_config), or x.to(model dtype) / 255 then the model\'s mean/std.')
         raise ValueError(
             f'The model takes {dtype} images, got {x.dtype}. Cast the input (x.to({dtype})), cast the model '
             f'(model.to({x.dtype})), or run under torch.autocast.')
