@@ -140,3 +140,42 @@ def test_a_subset_larger_than_its_split_is_refused_naming_the_split_size():
     with pytest.raises(ValueError, match=r"100000000 samples asked for, but the 'test' split .* holds 1000: ask for "
                                          r'at most 1000'):
         build_dataset('fashion_mnist', SAMPLE_DIR, 'test', num_samples=100_000_000)
+
+
+def _truncate(path: Path) -> None:
+    data = path.read_bytes()
+    path.write_bytes(data[:len(data) // 2])
+
+
+def test_truncated_weights_in_a_local_dir_name_the_folder(tmp_path):
+    import shutil
+    import timm
+    import timm_odevit  # noqa: F401
+    folder = tmp_path / 'ssog_ode_tiny_patch4_32.fmnist'
+    shutil.copytree(REPO_ROOT / 'weights' / folder.name, folder)
+    _truncate(folder / 'model.safetensors')
+    with pytest.raises(RuntimeError, match=rf'The pretrained weights in {folder} cannot be read, truncated or '
+                                           r'corrupt \(SafetensorError'):
+        timm.create_model(f'local-dir:{folder}', pretrained=True)
+
+
+@pytest.mark.parametrize('option', ['--resume', '--initial-checkpoint', '--teacher-checkpoint'])
+@pytest.mark.parametrize('damage', ['truncated', 'flipped_byte', 'not_a_checkpoint'])
+def test_damaged_checkpoints_are_refused_before_any_work_naming_the_file(tmp_path, option, damage, capsys):
+    import torch
+    from timm_odevit.train.command import parse_args
+    path = tmp_path / 'checkpoint-0.pth.tar'
+    torch.save({'state_dict': {'w': torch.arange(4096.)}, 'epoch': 0}, path)
+    if damage == 'truncated':
+        _truncate(path)
+    elif damage == 'flipped_byte':
+        data = bytearray(path.read_bytes())
+        at = data.index(torch.arange(4096.).numpy().tobytes()[:64]) + 100  # inside the tensor's bytes
+        data[at] ^= 0xFF
+        path.write_bytes(bytes(data))
+    else:
+        path.write_text('not a checkpoint\n')
+    with pytest.raises(SystemExit):
+        parse_args([option, str(path)])
+    err = capsys.readouterr().err
+    assert f'{option} {path}: not a readable checkpoint, truncated or corrupt' in err, err

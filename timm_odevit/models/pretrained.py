@@ -17,7 +17,8 @@ from typing import Any, Dict, Iterator, List, Optional, Tuple
 from ..data import FASHION_MNIST_CLASSES, FASHION_MNIST_MEAN, FASHION_MNIST_STD
 
 __all__ = ['ORG', 'hub_id', 'FMNIST_TAG', 'FMNIST_CFG', 'fmnist_input', 'fmnist_cfg', 'TAG_MODEL_ARGS',
-           'tag_model_args', 'keep_untagged_default', 'pretrained_source', 'local_weights_roots', 'ENDPOINT_TIMEOUT']
+           'tag_model_args', 'keep_untagged_default', 'pretrained_source', 'local_weights_roots', 'ENDPOINT_TIMEOUT',
+           'unreadable_weights_message']
 
 # the one place the Hub organisation is named; every published hf_hub_id is built from it by hub_id()
 ORG = 'timm-odevit'
@@ -205,3 +206,19 @@ def pretrained_source(hf_hub_id: Optional[str], file: Optional[str] = None) -> I
     warnings.warn(source + '.', stacklevel=4)
     with _hub_offline():
         yield
+
+
+def unreadable_weights_message(cfg: Any, error: BaseException) -> str:
+    """What to say when the weights file a pretrained cfg points at cannot be read (truncated, corrupt): the file,
+    and how to get a good copy."""
+    if cfg.source == 'local-dir' or cfg.file:
+        where = f'in {cfg.file}' if cfg.source == 'local-dir' else cfg.file
+        fix = ('copy them again from where they came from (a checkout\'s weights/ holds every published weight, '
+               'and `python -m timm_odevit.hub verify --root weights` checks those against their sha256)')
+    else:
+        from huggingface_hub import constants, try_to_load_from_cache
+        cached = try_to_load_from_cache(cfg.hf_hub_id, 'model.safetensors')
+        where = cached if isinstance(cached, str) else f'the copy of {cfg.hf_hub_id} in {constants.HF_HUB_CACHE}'
+        fix = 'delete that copy from the Hugging Face cache (`hf cache delete`, or remove its models--... folder) ' \
+              'and load again'
+    return f'The pretrained weights {where} cannot be read, truncated or corrupt ({type(error).__name__}: {error}): {fix}.'

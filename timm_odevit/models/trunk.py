@@ -2,9 +2,12 @@
 integrator (discrete, looped, ODE), and the whole timm model contract on top.
 """
 import contextlib
+import pickle
+import zipfile
 from typing import Any, Dict, List, Literal, Optional, Set, Tuple, Union
 
 import torch
+from safetensors import SafetensorError
 from torch import nn
 from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 from timm.layers import (
@@ -19,7 +22,7 @@ from timm.models.vision_transformer import global_pool_nlc
 from ..layers import (
     CenterNorm, DiscreteDepth, FieldBlock, LoopedDepth, OdeDepth, SeparableGaussianMixer, spectral_norm_estimate,
 )
-from .pretrained import pretrained_source, tag_model_args
+from .pretrained import pretrained_source, tag_model_args, unreadable_weights_message
 
 __all__ = ['DepthVisionTransformer', 'create_depth_vit', 'checkpoint_filter_fn', 'depth_vit_cfg']
 
@@ -577,14 +580,19 @@ def create_depth_vit(variant: str, pretrained: bool = False, **kwargs: Any) -> D
             "applications of one block (or ODE output times), not modules. Use feature_cls='getter' (the default), "
             'which reads them through forward_intermediates.')
     with source:
-        model = build_model_with_cfg(
-            DepthVisionTransformer,
-            variant,
-            pretrained,
-            pretrained_filter_fn=checkpoint_filter_fn,
-            feature_cfg=dict(out_indices=out_indices, feature_cls='getter'),
-            **kwargs,
-        )
+        try:
+            model = build_model_with_cfg(
+                DepthVisionTransformer,
+                variant,
+                pretrained,
+                pretrained_filter_fn=checkpoint_filter_fn,
+                feature_cfg=dict(out_indices=out_indices, feature_cls='getter'),
+                **kwargs,
+            )
+        except (SafetensorError, EOFError, pickle.UnpicklingError, zipfile.BadZipFile, RuntimeError) as e:
+            if isinstance(e, RuntimeError) and 'PytorchStreamReader' not in str(e):
+                raise
+            raise RuntimeError(unreadable_weights_message(cfg, e)) from e
     # timm's create_model records only the caller's kwargs for save_for_hf's config.json; the tag's go in too, so
     # that a re-serialised model keeps its solver
     model._model_args = {k: kwargs[k] for k in tag_args}

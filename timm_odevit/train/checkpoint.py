@@ -6,15 +6,18 @@
 ``clean_state_dict`` strips DDP's ``module.`` and torch.compile's ``_orig_mod.`` prefixes.
 """
 import argparse
+import pickle
+import zipfile
 from typing import Any, Dict, Optional
 
 import torch
+from safetensors import SafetensorError, safe_open
 from torch import nn
 
 import timm
 from timm.models import load_state_dict
 
-__all__ = ['read_checkpoint', 'checkpoint_args', 'model_from_checkpoint']
+__all__ = ['read_checkpoint', 'unreadable', 'checkpoint_args', 'model_from_checkpoint']
 
 
 def read_checkpoint(path: str) -> Dict[str, Any]:
@@ -22,6 +25,25 @@ def read_checkpoint(path: str) -> Dict[str, Any]:
     ``argparse.Namespace`` of the command line that CheckpointSaver stores (nothing else can execute on load)."""
     with torch.serialization.safe_globals([argparse.Namespace]):
         return torch.load(path, map_location='cpu', weights_only=True)
+
+
+def unreadable(path: str) -> Optional[str]:
+    """Why a weights or checkpoint file cannot be loaded (truncated, corrupt, not a checkpoint), or None; reads the
+    safetensors header, or checks every member's CRC of torch's zip format, without unpickling anything."""
+    try:
+        if path.endswith('.safetensors'):
+            with safe_open(path, 'pt') as f:
+                f.keys()
+            return None
+        if not zipfile.is_zipfile(path):
+            read_checkpoint(path)  # torch's legacy format (not a zip): loading it is the only check
+            return None
+        with zipfile.ZipFile(path) as z:
+            bad = z.testzip()
+        return None if bad is None else f'member {bad} fails its CRC check'
+    except (OSError, RuntimeError, EOFError, ValueError, pickle.UnpicklingError, zipfile.BadZipFile,
+            SafetensorError) as e:
+        return f'{type(e).__name__}: {e}'
 
 
 def checkpoint_args(ckpt: Dict[str, Any]) -> Dict[str, Any]:

@@ -45,7 +45,7 @@ from ..data import FASHION_MNIST_MEAN, FASHION_MNIST_STD, DeviceBatches, augment
 from ..distill import LOSS_KEYS, STATE_NORMS, TrajectoryDistillationTask, find_attention_module, indices_to_times
 from ..evaluate import evaluate
 from ..models import DepthVisionTransformer
-from .checkpoint import checkpoint_args, read_checkpoint
+from .checkpoint import checkpoint_args, read_checkpoint, unreadable
 
 __all__ = ['parse_args', 'build_task', 'distillation_options', 'format_command', 'is_training_command', 'main',
            'read_summary', 'recorded_args', 'PROG']
@@ -237,6 +237,10 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
         path = getattr(args, name)
         if path and not os.path.isfile(path):
             p.error(f'--{name.replace("_", "-")} {path}: no such checkpoint.')
+        problem = unreadable(path) if path else None
+        if problem:
+            p.error(f'--{name.replace("_", "-")} {path}: not a readable checkpoint, truncated or corrupt ({problem}). '
+                    'Give an earlier one of the run (its folder keeps checkpoint-<epoch>.pth.tar files).')
     # recorded in every checkpoint (CheckpointSaver keeps args): a card renders this command only for its own runs,
     # never for a checkpoint of timm's train.py, whose options mean other things
     args.trainer = PROG
