@@ -179,3 +179,94 @@ def test_damaged_checkpoints_are_refused_before_any_work_naming_the_file(tmp_pat
         parse_args([option, str(path)])
     err = capsys.readouterr().err
     assert f'{option} {path}: not a readable checkpoint, truncated or corrupt' in err, err
+
+
+def _no_space(partial: Path):
+    """An OSError as a full disk raises it, after some bytes of ``partial`` were written."""
+    import errno
+    partial.parent.mkdir(parents=True, exist_ok=True)
+    partial.write_bytes(b'\0' * 100)
+    return OSError(errno.ENOSPC, 'No space left on device')
+
+
+def _snapshot(folder: Path) -> dict:
+    return {p.relative_to(folder): p.read_bytes() for p in sorted(folder.rglob('*')) if p.is_file()}
+
+
+def test_full_disk_while_saving_a_checkpoint_names_the_last_good_one_and_resume_succeeds(tmp_path, monkeypatch):
+    import torch
+    from timm_odevit.data import SAMPLE_DIR
+    from timm_odevit.files import WriteFailed
+    from timm_odevit.train.command import main
+    monkeypatch.setenv('XDG_CACHE_HOME', str(tmp_path / 'cache'))
+    run = tmp_path / 'out' / 'run'
+    argv = ['--data-dir', str(SAMPLE_DIR), '--train-split', 'test', '--model', 'ssog_vit_tiny_patch4_32',
+            '--model-kwargs', 'depth=2', '--train-samples', '16', '--val-samples', '8', '--batch-size', '8',
+            '--max-steps-per-epoch', '1', '--output', str(tmp_path / 'out'), '--experiment', 'run', '--device', 'cpu',
+            '--epochs', '2']
+    real_save, calls = torch.save, []
+
+    def save(obj, f, *args, **kwargs):
+        calls.append(f)
+        if len(calls) == 2:  # the checkpoint of epoch 1
+            raise _no_space(Path(f))
+        return real_save(obj, f, *args, **kwargs)
+    monkeypatch.setattr(torch, 'save', save)
+    with pytest.raises(WriteFailed) as e:
+        main(argv)
+    last = run / 'last.pth.tar'
+    assert (f'Saving the checkpoint of epoch 1 in {run} failed (the disk is full; ' in str(e.value)
+            and f'The last good checkpoint is {last} (epoch 0): free space, then continue with --resume {last}.'
+            in str(e.value)), str(e.value)
+    assert not (run / 'tmp.pth.tar').exists()
+    before = _snapshot(run)
+    monkeypatch.setattr(torch, 'save', real_save)
+    resumed = main(argv[:-6] + ['--output', str(tmp_path / 'again'), '--experiment', 'run', '--device', 'cpu',
+                                '--epochs', '2', '--resume', str(last)])
+    assert resumed['top1'] >= 0 and (tmp_path / 'again' / 'run' / 'checkpoint-1.pth.tar').is_file()
+    assert _snapshot(run) == before
+
+
+def test_full_disk_while_exporting_changes_nothing_and_a_retry_succeeds(tmp_path, monkeypatch):
+    import timm
+    from timm_odevit.files import WriteFailed
+    from timm_odevit.hub import export as ex
+    root = tmp_path / 'weights'
+    model = timm.create_model('ssog_ode_tiny_patch4_32', num_classes=10, in_chans=1)
+    ex.export(model, 'ssog_ode_tiny_patch4_32', 'first', str(root))
+    before = _snapshot(root)
+    real = ex.save_for_hf
+
+    def full(model, folder, **kwargs):
+        raise _no_space(Path(folder) / 'model.safetensors')
+    monkeypatch.setattr(ex, 'save_for_hf', full)
+    for tag in ('first', 'second'):  # over a published folder, and a new one
+        with pytest.raises(WriteFailed, match=rf'Exporting ssog_ode_tiny_patch4_32.{tag} in {root} failed \(the '
+                                              rf'disk is full; .* Nothing in {root} was changed'):
+            ex.export(model, 'ssog_ode_tiny_patch4_32', tag, str(root))
+        assert _snapshot(root) == before and sorted(p.name for p in root.iterdir()) == sorted(
+            ['MANIFEST.json', 'ssog_ode_tiny_patch4_32.first'])
+    monkeypatch.setattr(ex, 'save_for_hf', real)
+    assert (ex.export(model, 'ssog_ode_tiny_patch4_32', 'second', str(root)) / 'model.safetensors').is_file()
+
+
+def test_full_disk_while_building_the_data_cache_changes_nothing_and_a_retry_succeeds(tmp_path, monkeypatch):
+    import shutil
+    from timm_odevit import data as fm
+    from timm_odevit.files import WriteFailed
+    root = tmp_path / 'cache'
+    (root / 'keep.txt').parent.mkdir(parents=True)
+    (root / 'keep.txt').write_text('a file that was there before\n')
+    before = _snapshot(root)
+    real = shutil.copyfileobj
+
+    def full(fin, fout, *args):
+        raise _no_space(Path(fout.name))
+    monkeypatch.setattr(fm.shutil, 'copyfileobj', full)
+    with pytest.raises(WriteFailed, match=rf'Laying out {fm.SAMPLE_DIR} in {root} failed \(the disk is full; .*'
+                                          r'Nothing there was changed'):
+        fm.layout_fashion_mnist(fm.SAMPLE_DIR, root)
+    assert {k: v for k, v in _snapshot(root).items() if k.name != '.FashionMNIST.lock'} == before
+    assert not [p for p in root.iterdir() if p.name.startswith('.FashionMNIST.') and p.is_dir()]
+    monkeypatch.setattr(fm.shutil, 'copyfileobj', real)
+    assert (fm.layout_fashion_mnist(fm.SAMPLE_DIR, root) / 'FashionMNIST' / 'raw').is_dir()

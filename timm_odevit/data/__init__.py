@@ -24,6 +24,8 @@ import numpy as np
 import torch
 from torch import nn
 
+from ..files import write_failed
+
 __all__ = [
     'DEBIAN_FASHION_MNIST', 'FASHION_MNIST_CLASSES', 'FASHION_MNIST_MEAN', 'FASHION_MNIST_STD',
     'FASHION_MNIST_TRAIN_IMAGES', 'IDX_FILES',
@@ -158,21 +160,15 @@ def layout_fashion_mnist(src: Optional[PathLike] = None, root: PathLike = 'data'
 
 
 def _build_layout(src: Path, target: Path, counts: Dict[str, Optional[int]]) -> None:
-    """Write the layout to a temporary folder, check it, and rename it into place (a bad one is moved aside)."""
+    """Write the layout to a temporary folder, check it, and rename it into place (a bad one is moved aside); a
+    failed write (a full disk) leaves the cache as it was and says so."""
     tmp = Path(tempfile.mkdtemp(prefix='.FashionMNIST.', dir=target.parent))
     try:
-        (tmp / 'raw').mkdir()
-        for split, names in IDX_FILES.items():
-            if counts[split] is None:
-                _logger.info('%s has no %s split; writing an empty one so torchvision opens the folder', src, split)
-            for name, is_img in zip(names, (True, False)):
-                if counts[split] is None:
-                    _write_empty_idx(tmp / 'raw' / name, is_img)
-                    continue
-                f = _find_idx(src, name)
-                opener = gzip.open if f.suffix == '.gz' else open
-                with opener(f, 'rb') as fin, open(tmp / 'raw' / name, 'wb') as fout:
-                    shutil.copyfileobj(fin, fout)
+        try:
+            _write_layout(src, tmp / 'raw', counts)
+        except OSError as e:
+            raise write_failed(f'Laying out {src}', target.parent, e, 'Nothing there was changed: run again once the '
+                               'cause is fixed, or set XDG_CACHE_HOME to a folder with room.') from e
         if not _layout_ok(tmp / 'raw', counts):
             raise ValueError(f'{src} is corrupt: its IDX files are shorter than their headers declare.')
         if target.exists():
@@ -183,6 +179,22 @@ def _build_layout(src: Path, target: Path, counts: Dict[str, Optional[int]]) -> 
         os.replace(tmp, target)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _write_layout(src: Path, raw: Path, counts: Dict[str, Optional[int]]) -> None:
+    """The four IDX files of ``src`` uncompressed into ``raw``; a split ``src`` lacks as an empty IDX file."""
+    raw.mkdir()
+    for split, names in IDX_FILES.items():
+        if counts[split] is None:
+            _logger.info('%s has no %s split; writing an empty one so torchvision opens the folder', src, split)
+        for name, is_img in zip(names, (True, False)):
+            if counts[split] is None:
+                _write_empty_idx(raw / name, is_img)
+                continue
+            f = _find_idx(src, name)
+            opener = gzip.open if f.suffix == '.gz' else open
+            with opener(f, 'rb') as fin, open(raw / name, 'wb') as fout:
+                shutil.copyfileobj(fin, fout)
 
 
 def cache_folder(src: PathLike) -> Path:

@@ -24,6 +24,7 @@ from timm.models._hub import generate_readme
 from . import CARD_FILE, CONFIG_FILE, ORG, WEIGHTS_FILE
 from .. import data as fm
 from ..evaluate import evaluate_solved
+from ..files import write_failed
 from ..models.pretrained import fmnist_input
 from ..train import PROG, checkpoint_args, is_training_command, model_from_checkpoint, read_checkpoint, recorded_args
 from .card import card_description, card_stages, evaluate_command, model_card, staged_lines, training_lines
@@ -216,15 +217,20 @@ def export(
     """Write ``root/<arch>.<tag>/`` (safetensors with its tensors in ``dtype``, config.json, README.md), update the
     manifest and verify it."""
     repo = Path(root) / f'{arch}.{tag}'
-    repo.mkdir(parents=True, exist_ok=True)
-    # written beside, then each file renamed into place: a reader (the mirror, a client) never sees half a file
+    Path(root).mkdir(parents=True, exist_ok=True)
+    # written beside, then each file renamed into place: a reader (the mirror, a client) never sees half a file, and
+    # a failed write (a full disk) leaves the folder as it was
     staging = Path(tempfile.mkdtemp(prefix=f'.{repo.name}.', dir=root))
     try:
         save_for_hf(copy.deepcopy(model).to(dtype) if dtype != torch.float32 else model, str(staging),
                     safe_serialization=True)
         (staging / CARD_FILE).write_text(generate_readme(card or {}, f'{arch}.{tag}'), encoding='utf-8')
+        repo.mkdir(exist_ok=True)
         for f in sorted(staging.iterdir()):
             os.replace(f, repo / f.name)
+    except (OSError, RuntimeError, SafetensorError) as e:
+        raise write_failed(f'Exporting {repo.name}', root, e, f'Nothing in {root} was changed: export again once '
+                           'the cause is fixed.') from e
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     write_manifest(Path(root))

@@ -44,6 +44,7 @@ from timm.utils.distributed import init_distributed_device_so
 from ..data import FASHION_MNIST_MEAN, FASHION_MNIST_STD, DeviceBatches, augment_batch, build_dataset
 from ..distill import LOSS_KEYS, STATE_NORMS, TrajectoryDistillationTask, find_attention_module, indices_to_times
 from ..evaluate import evaluate
+from ..files import write_failed
 from ..models import DepthVisionTransformer
 from .checkpoint import checkpoint_args, read_checkpoint, unreadable
 
@@ -246,6 +247,21 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     args.trainer = PROG
     args.threads = torch.get_num_threads()  # for the card's budget line
     return args
+
+
+def _save_checkpoint(saver: CheckpointSaver, epoch: int, top1: float, output_dir: str) -> None:
+    """timm's saver writes ``tmp.pth.tar`` and renames it: a failed write leaves the earlier checkpoints whole, and
+    is said as such, naming the last good one and the command that continues from it."""
+    try:
+        saver.save_checkpoint(epoch, metric=top1)
+    except (OSError, RuntimeError) as e:
+        tmp = os.path.join(output_dir, 'tmp' + saver.extension)
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        last = os.path.join(output_dir, 'last' + saver.extension)
+        kept = (f'The last good checkpoint is {last} (epoch {read_checkpoint(last)["epoch"]}): free space, then '
+                f'continue with --resume {last}.') if os.path.exists(last) else 'No checkpoint of this run was saved.'
+        raise write_failed(f'Saving the checkpoint of epoch {epoch}', output_dir, e, kept) from e
 
 
 def _options_start(argv: List[str]) -> Optional[int]:
@@ -486,7 +502,19 @@ def _run_folder(args: argparse.Namespace) -> str:
 
 def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
     """Train; returns the final metrics (also written to ``results.json`` in the run folder)."""
-    argv = list(sys.argv[1:] if argv is None else argv)
+    root = logging.getLogger()
+    before = list(root.handlers)
+    try:
+        return _train(list(sys.argv[1:] if argv is None else argv))
+    finally:
+        # the run's train.log handler goes with the run, also when it fails: a later run in this process (tests,
+        # notebooks) would otherwise write into the failed run's log
+        for handler in [h for h in root.handlers if h not in before and isinstance(h, logging.FileHandler)]:
+            root.removeHandler(handler)
+            handler.close()
+
+
+def _train(argv: List[str]) -> Dict[str, Any]:
     args = parse_args(argv)
     global _console_logging
     if not _console_logging:
@@ -636,7 +664,7 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
                          f'({train_seconds:.0f} s training, {seen / train_seconds:.1f} img/s)')
             history.append({'epoch': epoch, 'train_loss': train_losses['loss'], 'train_seconds': train_seconds,
                             'images_per_second': seen / train_seconds, **eval_metrics})
-            saver.save_checkpoint(epoch, metric=eval_metrics['top1'])
+            _save_checkpoint(saver, epoch, eval_metrics['top1'], output_dir)
             update_summary(epoch, train_losses,
                            {k: v for k, v in eval_metrics.items() if v is not None},
                            os.path.join(output_dir, 'summary.csv'), lr=optimizer.param_groups[0]['lr'])
@@ -669,8 +697,6 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
         with open(os.path.join(output_dir, 'results.json'), 'w') as f:
             json.dump(results, f, indent=2)
         _logger.info(f"done: top1 {results.get('top1', float('nan')):.2f}, results in {output_dir}/results.json")
-        logging.getLogger().removeHandler(file_log)
-        file_log.close()
     if distributed:
         dist.destroy_process_group()
     return results
