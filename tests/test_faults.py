@@ -270,3 +270,49 @@ def test_full_disk_while_building_the_data_cache_changes_nothing_and_a_retry_suc
     assert not [p for p in root.iterdir() if p.name.startswith('.FashionMNIST.') and p.is_dir()]
     monkeypatch.setattr(fm.shutil, 'copyfileobj', real)
     assert (fm.layout_fashion_mnist(fm.SAMPLE_DIR, root) / 'FashionMNIST' / 'raw').is_dir()
+
+
+def test_training_killed_at_random_moments_resumes_to_the_uninterrupted_weights(tmp_path):
+    """SIGKILL at three seeded random moments of a 3-epoch run, each time resumed from what it left (its last
+    checkpoint, or from scratch when it had none): the final weights equal an uninterrupted run's to the bit, and
+    results.json lists every epoch once."""
+    import json
+    import random
+    import signal
+    import time
+    from timm_odevit.data import SAMPLE_DIR
+    env = _env(tmp_path, OMP_NUM_THREADS='1', XDG_CACHE_HOME=str(tmp_path / 'cache'))
+
+    def start(folder: str, *extra: str) -> subprocess.Popen:
+        argv = ['--data-dir', str(SAMPLE_DIR), '--train-split', 'test', '--model', 'ssog_vit_tiny_patch4_32',
+                '--model-kwargs', 'depth=2', '--train-samples', '64', '--val-samples', '16', '--batch-size', '8',
+                '--max-steps-per-epoch', '8', '--output', str(tmp_path), '--experiment', folder, '--device', 'cpu',
+                '--epochs', '3', '--augment', '--model-ema', '--seed', '3', *extra]
+        return subprocess.Popen([sys.executable, '-m', 'timm_odevit.train', *argv], env=env, cwd=tmp_path,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+
+    whole = start('whole')
+    assert whole.wait(timeout=600) == 0, whole.stderr.read()[-2000:]
+    run = tmp_path / 'killed'
+    rng = random.Random(0)
+    kills = 0
+    while True:
+        last = run / 'last.pth.tar'
+        proc = start('killed', *(['--resume', str(last)] if last.exists() else []))
+        if kills < 3:
+            log = run / 'train.log'
+            deadline = time.time() + 300
+            while not (log.exists() and 'loss' in log.read_text()) and proc.poll() is None and time.time() < deadline:
+                time.sleep(0.05)  # killed once training runs: start-up is not the interesting part
+            time.sleep(rng.uniform(0, 1.5))
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGKILL)
+                proc.wait(timeout=60)
+                kills += 1
+                continue
+        assert proc.wait(timeout=600) == 0, proc.stderr.read()[-2000:]
+        break
+    results = [json.loads((tmp_path / f / 'results.json').read_text()) for f in ('whole', 'killed')]
+    assert results[1]['rank_state_sha256'] == results[0]['rank_state_sha256']
+    assert [h['epoch'] for h in results[1]['history']] == [0, 1, 2]
+    assert kills == 3
