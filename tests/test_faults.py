@@ -316,3 +316,19 @@ def test_training_killed_at_random_moments_resumes_to_the_uninterrupted_weights(
     assert results[1]['rank_state_sha256'] == results[0]['rank_state_sha256']
     assert [h['epoch'] for h in results[1]['history']] == [0, 1, 2]
     assert kills == 3
+
+
+def test_an_installed_copy_that_differs_from_its_manifest_never_reaches_the_cache(tmp_path):
+    import shutil
+    root = tmp_path / 'installed'
+    repo = 'ssog_ode_small.fmnist_64px'
+    shutil.copytree(REPO_ROOT / 'weights' / repo, root / repo)
+    shutil.copy(REPO_ROOT / 'weights' / 'MANIFEST.json', root / 'MANIFEST.json')
+    data = bytearray((root / repo / 'model.safetensors').read_bytes())
+    data[-1] ^= 0xFF
+    (root / repo / 'model.safetensors').write_bytes(bytes(data))
+    proc = _create(tmp_path, 'ssog_ode_small', prelude='import pathlib, timm_odevit.models.pretrained as p\n'
+                                                       f'p.local_weights_roots = lambda: [pathlib.Path({str(root)!r})]')
+    last = _last_line(proc)
+    assert proc.returncode != 0 and f'{root / repo / "model.safetensors"} is not the published file' in last, last
+    assert not list((tmp_path / 'hf' / 'hub').rglob('model.safetensors'))

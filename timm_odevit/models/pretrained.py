@@ -117,11 +117,18 @@ def _seed_hub_cache(hf_hub_id: str, folder: Path, entries: Dict[str, Any]) -> Pa
     repo_cache = Path(constants.HF_HUB_CACHE) / f'models--{org}--{name}'
     snapshot = repo_cache / 'snapshots' / commit
     snapshot.mkdir(parents=True, exist_ok=True)
-    for key in entries:
+    for key, entry in entries.items():
         target = snapshot / key.split('/', 1)[1]
         if not target.is_file():
             tmp = target.with_name(f'.{target.name}.incomplete')
             shutil.copyfile(folder.parent / key, tmp)
+            with open(tmp, 'rb') as f:
+                digest = hashlib.file_digest(f, 'sha256').hexdigest() if hasattr(hashlib, 'file_digest') else \
+                    hashlib.sha256(f.read()).hexdigest()
+            if digest != entry['sha256']:
+                tmp.unlink()
+                raise RuntimeError(f'{folder.parent / key} is not the published file (its sha256 differs from '
+                                   f"{folder.parent / 'MANIFEST.json'}'s): restore it (git checkout, or reinstall).")
             os.replace(tmp, target)
     (repo_cache / 'refs').mkdir(exist_ok=True)
     (repo_cache / 'refs' / 'main').write_text(commit)
