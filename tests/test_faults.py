@@ -332,3 +332,26 @@ def test_an_installed_copy_that_differs_from_its_manifest_never_reaches_the_cach
     last = _last_line(proc)
     assert proc.returncode != 0 and f'{root / repo / "model.safetensors"} is not the published file' in last, last
     assert not list((tmp_path / 'hf' / 'hub').rglob('model.safetensors'))
+
+
+def test_mirror_refusal_reason_stays_one_short_line_however_broken_the_repo(tmp_path):
+    """Every file of a repo broken at once: the refusal names the requested file's problem first, counts the rest,
+    and stays one header line of at most MAX_REASON characters (it was one line per broken file, unbounded)."""
+    import shutil
+    import urllib.request
+    from timm_odevit.hub import MANIFEST_FILE
+    from timm_odevit.hub.server import _REFUSAL, MAX_REASON, REFUSED_STATUS, HubMirror
+    repo = 'ssog_ode_tiny_patch4_32.fmnist'
+    root = tmp_path.joinpath(*['w' * 200] * 4)  # a long path: every problem names it
+    shutil.copytree(REPO_ROOT / 'weights' / repo, root / repo)
+    shutil.copy(REPO_ROOT / 'weights' / MANIFEST_FILE, root / MANIFEST_FILE)
+    for f in (root / repo).iterdir():
+        f.write_bytes(f.read_bytes() + b'x')
+    with HubMirror(str(root)) as m:
+        req = urllib.request.Request(f'{m.url}/timm-odevit/{repo}/resolve/main/model.safetensors', method='HEAD')
+        with pytest.raises(urllib.error.HTTPError) as e:
+            urllib.request.urlopen(req, timeout=30)
+    reason = e.value.headers['X-Error-Message']
+    assert e.value.code == REFUSED_STATUS and '\n' not in reason
+    assert len(reason) <= len(_REFUSAL.format(repo=f'timm-odevit/{repo}')) + 1 + MAX_REASON
+    assert 'model.safetensors' in reason and 'more problems in this repo' in reason

@@ -44,6 +44,8 @@ from .verify import RepoError, load_manifest, sha256_file, verify_repo
 
 __all__ = ['HubMirror', 'serve', 'REFUSED_STATUS']
 
+# the longest refusal reason a response carries (its X-Error-Message header line)
+MAX_REASON = 1000
 _REFUSAL = 'The local Hub mirror refuses {repo}: it failed its checks, so nothing of it is served.'
 
 
@@ -238,7 +240,15 @@ class _Snapshot:
         """
         if not self.errors:
             return None
-        return ' | '.join(str(e) for e in sorted(self.errors.values(), key=lambda e: e.path != target))
+        first, *rest = sorted(self.errors.values(), key=lambda e: e.path != target)
+        more = (f' ({len(rest)} more problem{"s" if len(rest) > 1 else ""} in this repo: `python -m timm_odevit.hub '
+                "verify --root <the mirror's folder>` lists them)") if rest else ''
+        # one header line a client takes whole (proxies and clients cut header lines at a few KiB): the file named
+        # by its repo folder and name, not by the mirror's whole path
+        reason = str(first).replace(str(first.path), (Path(first.path.parent.name) / first.path.name).as_posix(), 1)
+        if len(reason) + len(more) > MAX_REASON:
+            reason = reason[:MAX_REASON - len(more) - 3] + '...'
+        return reason + more
 
     def sha256(self, rel: str) -> str:
         entry = self.files.get(rel)
