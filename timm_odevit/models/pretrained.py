@@ -177,9 +177,9 @@ def pretrained_source(hf_hub_id: Optional[str], file: Optional[str] = None) -> I
     - One that does not answer within ``ENDPOINT_TIMEOUT`` s: a copy in the Hugging Face cache is loaded offline,
       else a RuntimeError names the endpoint, the command that starts the mirror and ``local-dir:``, at once (the Hub
       client would retry for most of a minute and then say only "check your connection").
-    - huggingface.co (our weights are not there yet): the cached copy; else the copy this install carries (the
-      default model's bundled weights, or a checkout's ``weights/``) is put in the Hugging Face cache and loaded from
-      there; else the RuntimeError.
+    - huggingface.co (our weights are not there yet), or ``HF_HUB_OFFLINE=1``: the cached copy; else the copy this
+      install carries (the default model's bundled weights, or a checkout's ``weights/``) is put in the Hugging Face
+      cache and loaded from there; else the RuntimeError.
     Every cache load goes through timm's unmodified Hub loader with huggingface_hub offline for that call, and says
     once where the weights came from. A local file, or another organisation's repository, pass through untouched.
     """
@@ -191,7 +191,10 @@ def pretrained_source(hf_hub_id: Optional[str], file: Optional[str] = None) -> I
     endpoint = constants.ENDPOINT.rstrip('/')
     cached = try_to_load_from_cache(hf_hub_id, 'model.safetensors')
     cached = cached if isinstance(cached, str) else None
-    if endpoint != 'https://huggingface.co':
+    if constants.HF_HUB_OFFLINE and cached is not None:
+        yield  # offline by the user's choice (HF_HUB_OFFLINE): the cache serves, no request, nothing to say
+        return
+    if endpoint != 'https://huggingface.co' and not constants.HF_HUB_OFFLINE:
         problem = _endpoint_problem(endpoint, hf_hub_id)
         if problem is None:
             yield
@@ -205,8 +208,9 @@ def pretrained_source(hf_hub_id: Optional[str], file: Optional[str] = None) -> I
     else:
         local = _local_repo(hf_hub_id)
         if local is None:
-            raise RuntimeError(f'{hf_hub_id} is not on huggingface.co yet, this install does not carry it, and no '
-                               f'local Hub mirror is set. {_mirror_advice(repo)}')
+            why = 'HF_HUB_OFFLINE=1 allows no download' if constants.HF_HUB_OFFLINE else 'no local Hub mirror is set'
+            raise RuntimeError(f'{hf_hub_id} is not on huggingface.co yet, this install does not carry it, and {why}. '
+                               f'{_mirror_advice(repo)}')
         snapshot = _seed_hub_cache(hf_hub_id, *local)
         source = (f'{hf_hub_id} is not on huggingface.co yet: loading the copy installed with timm_odevit ({local[0]}),'
                   f' put in the Hugging Face cache ({snapshot})')
