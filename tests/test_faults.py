@@ -355,3 +355,20 @@ def test_mirror_refusal_reason_stays_one_short_line_however_broken_the_repo(tmp_
     assert e.value.code == REFUSED_STATUS and '\n' not in reason
     assert len(reason) <= len(_REFUSAL.format(repo=f'timm-odevit/{repo}')) + 1 + MAX_REASON
     assert 'model.safetensors' in reason and 'more problems in this repo' in reason
+
+
+def test_truncated_weights_in_the_hub_cache_name_the_folder_to_remove(tmp_path):
+    """A download cut short by something else than huggingface_hub (a full disk under a copy, a crash): the cached
+    file is named with the folder to remove, and loading again after removing it works."""
+    import shutil
+    first = _create(tmp_path, 'ssog_ode_tiny_patch4_32.fmnist')
+    assert first.returncode == 0, first.stderr[-2000:]
+    repo_cache = tmp_path / 'hf' / 'hub' / 'models--timm-odevit--ssog_ode_tiny_patch4_32.fmnist'
+    (weights,) = repo_cache.glob('snapshots/*/model.safetensors')
+    _truncate(weights)
+    proc = _create(tmp_path, 'ssog_ode_tiny_patch4_32.fmnist')
+    last = _last_line(proc)
+    assert proc.returncode != 0 and f'The pretrained weights {weights} cannot be read' in last, last
+    assert f'remove the folder {repo_cache} and load again' in last
+    shutil.rmtree(repo_cache)
+    assert _create(tmp_path, 'ssog_ode_tiny_patch4_32.fmnist').returncode == 0

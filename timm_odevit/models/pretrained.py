@@ -230,6 +230,7 @@ def unreadable_weights_message(cfg: Any, error: BaseException) -> str:
         from huggingface_hub import constants, try_to_load_from_cache
         cached = try_to_load_from_cache(cfg.hf_hub_id, 'model.safetensors')
         where = cached if isinstance(cached, str) else f'the copy of {cfg.hf_hub_id} in {constants.HF_HUB_CACHE}'
-        fix = 'delete that copy from the Hugging Face cache (`hf cache delete`, or remove its models--... folder) ' \
-              'and load again'
-    return f'The pretrained weights {where} cannot be read, truncated or corrupt ({type(error).__name__}: {error}): {fix}.'
+        org, name = cfg.hf_hub_id.split('/', 1)
+        fix = f'remove the folder {Path(constants.HF_HUB_CACHE) / f"models--{org}--{name}"} and load again'
+    return (f'The pretrained weights {where} cannot be read, truncated or corrupt ({type(error).__name__}: {error}): '
+            f'{fix}.')
