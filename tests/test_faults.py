@@ -108,8 +108,8 @@ def test_mirror_on_a_busy_or_invalid_port_says_so_in_one_line(tmp_path, port, me
 
 
 @pytest.mark.parametrize('argv,message', [
-    (['--lr=-1'], '--lr must be above 0, got -1.0'),
-    (['--lr', 'nan'], '--lr must be above 0, got nan'),
+    (['--lr=-1'], '--lr must be at least 0, got -1.0'),
+    (['--lr', 'nan'], '--lr must be at least 0, got nan'),
     (['--min-lr=-1e-5'], '--min-lr must be at least 0'),
     (['--weight-decay', '-1'], '--weight-decay must be at least 0'),
     (['--warmup-epochs', '-2'], '--warmup-epochs must be at least 0'),

@@ -62,7 +62,7 @@ def guidance_setup(student: str, teacher: str, guide: str = '', model_kwargs: Se
 
 def _check_train_options(options: str) -> None:
     from ..train.command import distillation_options, parse_args
-    base = ['--model', 'x']
+    base: List[str] = []  # the parser's default model: the options are checked, not the model
     try:
         given = vars(parse_args(base + shlex.split(options)))
     except SystemExit as e:  # argparse has printed what is wrong

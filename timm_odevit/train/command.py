@@ -185,7 +185,7 @@ OPTION_RANGES: Dict[str, Tuple[Optional[float], Optional[float], bool, bool]] = 
     **{k: (0, None, True, True) for k in ('workers', 'warmup_epochs', 'weight_decay', 'warmup_lr', 'min_lr',
                                           'clip_grad', 'state_weight', 'attn_weight', 'kd_weight', 'ce_weight',
                                           'ce_start_epoch', 'distill_end_epoch', 'jasmin_weight')},
-    'lr': (0, None, False, True),
+    'lr': (0, None, True, True),  # 0 is torch's too: a stage that changes only what the schedule does not touch
     'kd_temperature': (0, None, False, True),
     'smoothing': (0, 1, True, False),
     'model_ema_decay': (0, 1, False, False),
