@@ -135,6 +135,15 @@ def test_readme_is_a_landing_page():
         assert f'docs/{page}.md' in text, f'README does not link docs/{page}.md'
 
 
+def test_pages_count_the_registered_models():
+    import timm
+    import timm_odevit  # noqa: F401
+    registered = len(timm.list_models(module=['odevit', 'ssog']))
+    for page in (README, DOCS / 'models.md'):
+        counts = re.findall(r'(\d+) models in all', page.read_text())
+        assert counts == [str(registered)], f'{_rel(page)} says {counts} models in all; {registered} are registered'
+
+
 def test_every_generated_table_is_known():
     found = _tables()
     assert {c for _, c, _ in found} >= {'python -m timm_odevit.zoo grid', 'python -m timm_odevit.zoo params',

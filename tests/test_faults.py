@@ -61,6 +61,32 @@ def test_dead_hub_endpoint_fails_at_once_naming_the_way_out(tmp_path, kind, sile
     assert ('no answer within 2 s' in last) == (kind == 'silent_server')
 
 
+# what timm's validate.py does with --model X --pretrained (its create_model call), as a script the launcher runs
+VALIDATE_STAND_IN = '''import argparse, timm
+p = argparse.ArgumentParser()
+p.add_argument('--model')
+p.add_argument('--pretrained', action='store_true')
+args = p.parse_args()
+timm.create_model(args.model, pretrained=args.pretrained)
+print('loaded')
+'''
+
+
+def test_dead_hub_endpoint_through_the_launcher_fails_at_once_naming_the_way_out(tmp_path):
+    script = tmp_path / 'validate.py'
+    script.write_text(VALIDATE_STAND_IN)
+    endpoint = f'http://127.0.0.1:{_closed_port()}'
+    proc = subprocess.run([sys.executable, '-m', 'timm_odevit.run', str(script), '--model',
+                           'ssog_ode_tiny_patch4_32.fmnist', '--pretrained'], env=_env(tmp_path, HF_ENDPOINT=endpoint),
+                          capture_output=True, text=True, timeout=FAST, cwd=tmp_path)
+    last = _last_line(proc)
+    assert proc.returncode != 0 and last.startswith('RuntimeError'), proc.stderr[-2000:]
+    port = endpoint.rsplit(':', 1)[1]
+    for phrase in (f'HF_ENDPOINT={endpoint} does not answer', f'python -m timm_odevit.hub serve --port {port}',
+                   'local-dir:'):
+        assert phrase in last, last
+
+
 def test_dead_hub_endpoint_with_a_cached_copy_loads_it_and_says_so(tmp_path):
     """The weights came through a mirror once; the mirror is gone now: the cached copy loads, offline, at once."""
     first = _create(tmp_path, 'ssog_ode_tiny_patch4_32.fmnist')  # no endpoint: the checkout's copy, into the cache
@@ -123,6 +149,10 @@ def test_mirror_on_a_busy_or_invalid_port_says_so_in_one_line(tmp_path, port, me
     (['--kd-temperature', '0'], '--kd-temperature must be above 0'),
     (['--clip-grad', 'inf'], None),  # allowed: no clipping in effect, as timm's train.py
     (['--model', 'ssog_od_tiny'], 'did you mean ssog_ode_tiny'),
+    (['--distill-end-epoch', '0'], '--distill-end-epoch must be at least 1, got 0'),
+    (['--times', 'unifrom'], "--times must be 'uniform', 'paper' or comma-separated numbers"),
+    (['--teacher-indices', 'a'], "--teacher-indices must be comma-separated integers"),
+    (['--time-indices', '1,x'], "--time-indices must be comma-separated integers (3,6,12), got '1,x'"),
 ])
 def test_training_options_out_of_range_refused_before_any_work(argv, message, capsys):
     from timm_odevit.train.command import parse_args

@@ -183,6 +183,7 @@ def test_protocol_headers_range_and_404_codes(mirror):
     assert (status, h['X-Error-Code']) == (404, 'RepoNotFound')
     status, h, body = _request(f'{mirror.url}/other-org/{PICK}/resolve/main/config.json')
     assert (status, h['X-Error-Code']) == (404, 'RepoNotFound') and b'not found' in body
+    assert b'restart the mirror with --org other-org' in body  # another org: what the mirror serves
     status, h, _ = _request(f'{base}/pytorch_model.bin', 'HEAD')
     assert (status, h['X-Error-Code']) == (404, 'EntryNotFound') and re.fullmatch(r'[0-9a-f]{40}', h['X-Repo-Commit'])
     status, h, _ = _request(f'{base}/../../{REPOS[-1]}/resolve/main/config.json', 'HEAD')

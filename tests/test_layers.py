@@ -83,10 +83,13 @@ def test_ssog_lipschitz_bound_above_operator_norm(grid, num_prefix):
     assert bound >= norm * (1 - 1e-9), (float(bound), float(norm))
 
 
-def test_field_block_lipschitz_bound_above_local_norms():
+@pytest.mark.parametrize('mixer', ['ssog', 'identity'])
+def test_field_block_lipschitz_bound_above_local_norms(mixer):
     torch.manual_seed(2)
-    block = FieldBlock(8, 2, mixer='ssog', mlp_ratio=2, mixer_kwargs=dict(learn_offset=True)).double()
-    _randomize_kernels(block.mixer, seed=4)
+    block = FieldBlock(8, 2, mixer=mixer, mlp_ratio=2, mixer_kwargs=dict(learn_offset=True) if mixer == 'ssog' else {})
+    block = block.double()
+    if mixer == 'ssog':
+        _randomize_kernels(block.mixer, seed=4)
     grid, N = (3, 3), 10
     bound = block.lipschitz_bound(grid, num_prefix_tokens=1)
     for _ in range(3):

@@ -15,6 +15,7 @@ from typing import Any, Dict, Iterable, Optional, Tuple, Union
 
 import torch
 import torch.distributed as dist
+from timm.utils import unwrap_model
 from torch import nn
 
 __all__ = ['evaluate', 'evaluate_solved', 'parse_solver', 'solver_of']
@@ -37,17 +38,6 @@ def _batches(data: Batches, batch_size: int) -> Iterable[Tuple[torch.Tensor, tor
             raise ValueError(f'{len(x)} images but {len(y)} labels.')
         return ((x[i:i + batch_size], y[i:i + batch_size]) for i in range(0, len(x), batch_size))
     return data
-
-
-def _nfe_owner(model: nn.Module) -> Optional[nn.Module]:
-    # DDP keeps the model in .module, torch.compile in ._orig_mod; nfe lives on the model itself
-    while True:
-        if hasattr(model, 'nfe'):
-            return model
-        inner = getattr(model, 'module', None) or getattr(model, '_orig_mod', None)
-        if not isinstance(inner, nn.Module):
-            return None
-        model = inner
 
 
 def evaluate(
@@ -75,7 +65,8 @@ def evaluate(
         param = next(model.parameters(), None)
         device = param.device if param is not None else torch.device('cpu')
     device = torch.device(device)
-    owner = _nfe_owner(model)
+    owner = unwrap_model(model)  # DDP keeps the model in .module, torch.compile in ._orig_mod
+    owner = owner if hasattr(owner, 'nfe') else None
     model.eval()
     # loss sum, correct, count, nfe sum, forwards: one tensor, so a distributed run reduces once
     sums = torch.zeros(5, dtype=torch.float64, device=device)

@@ -89,7 +89,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         validate(args.settings, args.widths, args.resolutions, args.variants, args.batch_sizes, args.repeats)
         dtype, amp_dtype = parse_precision(args.precision)
         if args.warmup < 0:
-            raise BenchmarkConfigError(f'--warmup {args.warmup} is negative.')
+            raise BenchmarkConfigError(f'--warmup {args.warmup} is negative; give 0 or more.')
         if args.cuda_graphs and (args.compile or not args.device.startswith('cuda')):
             raise BenchmarkConfigError('--cuda-graphs captures eager models on a CUDA device: drop --compile (use '
                                        "--compile-mode reduce-overhead for compiled graphs) or run on --device cuda.")

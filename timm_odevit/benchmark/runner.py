@@ -181,7 +181,9 @@ def validate(
                 if f'{name}_{w}' not in registered:
                     raise BenchmarkConfigError(f'Unknown model {name}_{w!s}: width {w!r} is not one of {list(SIZES)}.')
     for r in resolutions:
-        if r <= 0 or r % 16:
+        if r <= 0:
+            raise BenchmarkConfigError(f'Resolution {r} is not positive; give a multiple of 16 (e.g. 224).')
+        if r % 16:
             raise BenchmarkConfigError(
                 f'Resolution {r} is not divisible by the patch size 16; use a multiple of 16 '
                 f'(e.g. {16 * max(1, r // 16)}).')

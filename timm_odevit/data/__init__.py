@@ -89,7 +89,8 @@ def _idx_dims(path: Path) -> Tuple[int, ...]:
     with opener(path, 'rb') as f:
         head = f.read(4)
         if len(head) < 4 or head[:3] != b'\x00\x00\x08':
-            raise ValueError(f'{path} is not a uint8 IDX file.')
+            raise ValueError(f'{path} is not a uint8 IDX file: restore it (reinstall dataset-fashion-mnist, or copy '
+                             'the IDX files again).')
         ndim = head[3]
         return struct.unpack(f'>{ndim}i', f.read(4 * ndim))
 
@@ -104,7 +105,8 @@ def _source_counts(src: Path) -> Dict[str, Optional[int]]:
             continue
         n_img, n_lbl = (_idx_dims(f)[0] for f in found)
         if n_img != n_lbl:
-            raise ValueError(f'{src} is corrupt: {n_img} {split} images but {n_lbl} labels.')
+            raise ValueError(f'{src} is corrupt: {n_img} {split} images but {n_lbl} labels; restore its IDX files '
+                             '(reinstall dataset-fashion-mnist, or copy them again).')
         counts[split] = n_img
     return counts
 
@@ -167,8 +169,9 @@ def _build_layout(src: Path, target: Path, counts: Dict[str, Optional[int]]) -> 
         try:
             _write_layout(src, tmp / 'raw', counts)
         except OSError as e:
-            raise write_failed(f'Laying out {src}', target.parent, e, 'Nothing there was changed: run again once the '
-                               'cause is fixed, or set XDG_CACHE_HOME to a folder with room.') from e
+            raise write_failed(f'Laying out {src}', target.parent, e, 'Nothing there was changed: free space there '
+                               'and run again, or lay out elsewhere (--root; XDG_CACHE_HOME for the default cache).'
+                               ) from e
         if not _layout_ok(tmp / 'raw', counts):
             raise ValueError(f'{src} is corrupt: its IDX files are shorter than their headers declare.')
         if target.exists():
@@ -258,8 +261,10 @@ def fashion_mnist_dataset(
     images = Path(root) / 'FashionMNIST' / 'raw' / IDX_FILES[split][0]
     if images.is_file() and images.stat().st_size <= 16:
         # a placeholder written by layout_fashion_mnist: torchvision cannot parse an empty IDX file
-        raise ValueError(f'{root} has no {split} images (the bundled sample holds the test split only); lay out the '
-                         f'full dataset (`apt-get install -y dataset-fashion-mnist`) for training.')
+        raise ValueError(f'{root} has no {split} images (its {IDX_FILES[split][0]} is empty: the bundled sample holds '
+                         'the test split only): give a folder with the training IDX files (--data-dir), or install '
+                         'Debian\'s dataset-fashion-mnist (apt-get install -y dataset-fashion-mnist) and leave '
+                         '--data-dir out.')
     return FashionMNIST(str(root), train=split == 'train', transform=transform, download=False)
 
 
@@ -298,7 +303,8 @@ def load_tensors(
     if indices is None:
         indices = range(len(ds) if limit is None else min(limit, len(ds)))
     if len(indices) == 0:
-        raise ValueError(f'{src} has no {split} images.')
+        raise ValueError(f'{src or "The Fashion-MNIST source"} gives no {split} images for this request (limit '
+                         f'{limit}, {0 if indices is None else len(indices)} indices): ask for at least one image.')
     xs, ys = zip(*(ds[int(i)] for i in indices))
     return torch.stack(xs), torch.tensor(ys)
 
@@ -383,7 +389,8 @@ def build_dataset(
         from timm.data import create_dataset
         base = create_dataset(name, root=root, split=split, download=False)
     if len(base) == 0:
-        raise ValueError(f'The {split!r} split of {name or "the image folder"} at {root} is empty.')
+        raise ValueError(f'The {split!r} split of {name or "the image folder"} at {root or "its default location"} '
+                         'is empty: give --data-dir a folder that holds its images.')
     if num_samples is not None and num_samples > len(base):
         raise ValueError(f'A subset of {num_samples} samples asked for, but the {split!r} split of '
                          f'{name or "the image folder"} holds {len(base)}: ask for at most {len(base)}, or leave the '

@@ -198,7 +198,8 @@ class TrajectoryDistillationTask(TrainingTask):
         if state_norm not in STATE_NORMS:
             raise ValueError(f'state_norm must be one of {STATE_NORMS}, got {state_norm!r}.')
         if distill_end_epoch is not None and distill_end_epoch < 1:
-            raise ValueError(f'distill_end_epoch must be >= 1 (or None), got {distill_end_epoch}.')
+            raise ValueError(f'distill_end_epoch (--distill-end-epoch) must be at least 1, or None for the whole run, '
+                             f'got {distill_end_epoch}.')
         if not kd_temperature > 0:
             raise ValueError(f'kd_temperature must be > 0, got {kd_temperature}.')
 
@@ -252,10 +253,11 @@ class TrajectoryDistillationTask(TrainingTask):
         if attn_loss_weight > 0 and (not student_maps or self._teacher_attn is None):
             side = 'student mixer (' + type(student_mixer).__name__ + ')' if not student_maps else 'teacher'
             raise ValueError(f'attn_loss_weight > 0 needs attention maps from both models, but the {side} has none; '
-                             'set attn_loss_weight=0 (e.g. for an SSoG student).')
+                             'set attn_loss_weight=0 (the training command: --attn-weight 0), e.g. for an SSoG '
+                             'student.')
         if jasmin_weight > 0 and not student_maps:
             raise ValueError(f'JaSMin regularises softmax attention; the student mixer {type(student_mixer).__name__} '
-                             'has none. Set jasmin_weight=0.')
+                             'has none. Set jasmin_weight=0 (the training command: --jasmin-weight 0).')
         probe = torch.zeros(1, student.in_chans, *student.patch_embed.img_size, device=self.device, dtype=self.dtype)
         probe_t = self._teacher_forward(self.teacher.normalize_input(probe, self.student_mean, self.student_std),
                                         need_attn=attn_loss_weight > 0)
@@ -270,7 +272,8 @@ class TrajectoryDistillationTask(TrainingTask):
         t_classes = probe_t['logits'].shape[-1]
         if kd_loss_weight > 0 and t_classes != student.num_classes:
             raise ValueError(f'Logit KD needs the same classes: the teacher predicts {t_classes}, the student '
-                             f'{student.num_classes}. Reset the teacher head or set kd_loss_weight=0.')
+                             f'{student.num_classes}. Reset the teacher head (--teacher-kwargs num_classes=N) or '
+                             'set kd_loss_weight=0 (--kd-weight 0).')
 
         # --- where the targets sit on the student's depth axis
         self.t_end = trunk_t_end(student)

@@ -38,7 +38,8 @@ def solver_grid(student: nn.Module) -> Optional[torch.Tensor]:
 
 def _check_count(num_targets: int, grid: Optional[torch.Tensor]) -> None:
     if num_targets < 1:
-        raise ValueError('At least one teacher target is needed.')
+        raise ValueError('At least one teacher target is needed: give teacher_indices (--teacher-indices) at least '
+                         'one teacher block.')
     if grid is not None and num_targets > len(grid):
         raise ValueError(
             f'{num_targets} teacher targets but the student solver visits only {len(grid)} points: two targets would '

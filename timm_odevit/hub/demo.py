@@ -99,6 +99,12 @@ def main(model: Optional[str] = None, root: Optional[str] = None) -> int:
     model = model or DEFAULT_MODEL
     root_p = Path(root) if root else weights_root()
     sample = sample_dir()
+    if root_p is not None and sample is not None and root_p.is_dir():
+        names = sorted(p.name for p in root_p.iterdir() if (p / 'config.json').is_file())
+        if not any(n.split('.')[0] == model.split('.')[0] for n in names):
+            print(f'No published weights of {model} under {root_p}; pass one of these with --model: '
+                  f'{", ".join(names)}.')
+            return 1
     missing = _missing(model, root_p, sample)
     if missing:
         print('The pretrained demo cannot run: missing ' + '; '.join(missing) + '.\n'

@@ -194,7 +194,7 @@ def remeasure(folder: str, full_test: bool = True) -> Dict[str, Any]:
     text = (repo / CARD_FILE).read_text(encoding='utf-8')
     stages = card_stages(text)
     if not stages:
-        raise ValueError(f'{repo / CARD_FILE} states no recipe to keep; re-export the checkpoint with `hub export`.')
+        raise ValueError(f'{repo / CARD_FILE} states no recipe to keep; re-export the checkpoint with `{EXPORT_FIX}`.')
     arch, _, tag = repo.name.partition('.')
     command = stages[-1]['command'].strip('`')
     solver = trained_solver(recorded_args(command).model_kwargs) if is_training_command(command) else {}

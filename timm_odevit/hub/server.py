@@ -40,7 +40,7 @@ from urllib.parse import unquote, urlsplit
 
 from ..models.pretrained import local_weights_roots
 from . import MANIFEST_FILE, ORG
-from .verify import RepoError, load_manifest, sha256_file, verify_repo
+from .verify import EXPORT_FIX, RepoError, load_manifest, sha256_file, verify_repo
 
 __all__ = ['HubMirror', 'serve', 'REFUSED_STATUS']
 
@@ -139,9 +139,13 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _repo(self, org: str, repo: str, head: bool) -> Optional[Path]:
         srv = self.server
-        if org != srv.org or not _NAME.match(repo) or not (srv.root / repo).is_dir():
-            self._error(404, 'RepoNotFound', f'Repository {org}/{repo} not found in {srv.root} (org {srv.org}). '
-                                             f'Export it there with `python -m timm_odevit.hub export`.', head)
+        if org != srv.org:
+            self._error(404, 'RepoNotFound', f'Repository {org}/{repo} not found: this mirror serves org {srv.org}; '
+                                             f'ask for {srv.org}/{repo}, or restart the mirror with --org {org}.', head)
+            return None
+        if not _NAME.match(repo) or not (srv.root / repo).is_dir():
+            self._error(404, 'RepoNotFound', f'Repository {org}/{repo} not found in {srv.root}. Export it there with '
+                                             f'`{EXPORT_FIX} --root {srv.root}`.', head)
             return None
         return srv.root / repo
 
@@ -360,7 +364,12 @@ class HubMirror:
 
     def __init__(self, root: str = 'weights', port: int = 0, host: str = '127.0.0.1', org: str = ORG,
                  verify: bool = True) -> None:
-        if not ipaddress.ip_address(host).is_loopback:
+        try:
+            loopback = ipaddress.ip_address(host).is_loopback
+        except ValueError:
+            raise ValueError(f'--host {host!r} is not an IP address; the mirror binds to loopback only: use 127.0.0.1.'
+                             ) from None
+        if not loopback:
             raise ValueError(f'The mirror binds to loopback only, got host {host!r}; use 127.0.0.1.')
         if not Path(root).is_dir():
             raise FileNotFoundError(f'{root} is not a folder of Hub repos (e.g. weights/).')

@@ -10,6 +10,7 @@ from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 from ..models.families import FAMILIES, SETTINGS, Family, family_of
 from ..train import PROG, format_command, is_training_command, read_summary, recorded_args
 from . import CARD_FILE
+from .verify import EXPORT_FIX
 
 __all__ = ['card_commands', 'card_facts', 'card_teacher_sha256', 'guided_table', 'learning_curves',
            'matched_table', 'steered_table', 'training_budget', 'weights_table']
@@ -35,8 +36,9 @@ def card_facts(repo_dir: Path) -> Dict[str, str]:
     for key, pattern in _FIELDS.items():
         m = re.search(pattern, card)
         if not m:
-            raise ValueError(f'{repo_dir / CARD_FILE} lacks its {key}: re-export it with python -m timm_odevit.hub '
-                             'export or python -m timm_odevit.study export.')
+            raise ValueError(f'{repo_dir / CARD_FILE} lacks its {key}: re-export it with `{EXPORT_FIX}` '
+                             f'(a study run: python -m timm_odevit.study export), or re-render its card from its '
+                             f'config: python -m timm_odevit.hub remeasure {repo_dir}.')
         facts[key] = m.group(1) if key != 'image' else f'{m.group(2)}x{m.group(1)}x{m.group(1)}'
     m = re.search(_DEFAULT_SOLVER, card)
     if m:
@@ -52,7 +54,7 @@ def training_budget(repo_dir: Path) -> str:
     epochs = [int(n) for n in re.findall(r'schedule: (\d+) epochs', card)]
     if not sizes or len(sizes) != len(epochs):
         raise ValueError(f'{repo_dir / CARD_FILE} states no training data and schedule per stage: re-export it with '
-                         'python -m timm_odevit.hub export.')
+                         f'`{EXPORT_FIX}`.')
     seen = sum(n * e for n, e in zip(sizes, epochs))
     of = f'of {sizes[0]:,}' if len(set(sizes)) == 1 else 'in all'
     return f'{seen / 1000:,.0f}k ({sum(epochs)} epochs {of})'
@@ -213,8 +215,9 @@ def card_target_times(repo_dir: Path) -> List[float]:
     rounded as the card writes them."""
     m = re.search(r'at student times ([\d., ]+) \(rule', _guiding_stage_line(repo_dir) or '')
     if not m:
-        raise ValueError(f'{repo_dir / CARD_FILE} states no student times of its targets: is it a guided weight, '
-                         'exported by python -m timm_odevit.hub export?')
+        raise ValueError(f'{repo_dir / CARD_FILE} states no student times of its targets: '
+                         '--kind guided and trajectory read guided weights only (a --teacher run); re-export this '
+                         f'one from its guided run with `{EXPORT_FIX}`.')
     return [float(t) for t in m.group(1).split(',')]
 
 

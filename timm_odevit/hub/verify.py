@@ -17,7 +17,7 @@ from . import CONFIG_FILE, MANIFEST_FILE, WEIGHTS_FILE
 __all__ = ['RepoError', 'sha256_file', 'version_from_history', 'build_manifest', 'write_manifest', 'load_manifest',
            'verify_repo', 'verify_root']
 
-EXPORT_FIX = 'python -m timm_odevit.hub export'
+EXPORT_FIX = 'python -m timm_odevit.hub export RUN/last.pth.tar --tag TAG'  # RUN: the training run's folder
 MANIFEST_FIX = 'python -m timm_odevit.hub manifest --root {root}'
 
 

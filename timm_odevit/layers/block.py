@@ -66,17 +66,12 @@ class FieldBlock(nn.Module):
         mixed = self.mixer(self.norm_mixer(x), grid_size, **(mixer_constants or {}))
         return self.drop_path(mixed + self.mlp(self.norm_mlp(x)))
 
-    def forward_with_attn(self, x: torch.Tensor, grid_size: Tuple[int, int]) -> Tuple[torch.Tensor, torch.Tensor]:
-        """The update and the mixer's attention maps [B, heads, N, N] (dense-attention mixers only)."""
-        mixed, attn = self.mixer(self.norm_mixer(x), grid_size, return_attn=True)
-        return self.drop_path(mixed + self.mlp(self.norm_mlp(x))), attn
-
     @torch.no_grad()
     def lipschitz_bound(self, grid_size: Tuple[int, int], num_prefix_tokens: int = 0) -> torch.Tensor:
         """Upper bound of the field's Lipschitz constant, when its mixer has one (SSoG, identity)."""
         if not hasattr(self.mixer, 'lipschitz_bound'):
             raise TypeError(f'{type(self.mixer).__name__} has no global Lipschitz bound (softmax attention is not '
-                            'globally Lipschitz); use the separable Gaussian mixer.')
+                            'globally Lipschitz): build the model with mixer="ssog" (fixed kernels) for one.')
         mixer = self.mixer.lipschitz_bound(grid_size, num_prefix_tokens) * self.norm_mixer.lipschitz_bound()
         fc1 = spectral_norm(self.mlp.fc1.weight)
         fc2 = spectral_norm(self.mlp.fc2.weight)

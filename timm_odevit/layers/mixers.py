@@ -709,7 +709,8 @@ class SeparableGaussianMixer(nn.Module):
         if self.steer:
             raise TypeError(
                 'A steered SeparableGaussianMixer has no global Lipschitz bound: its kernels depend on the tokens '
-                '(the bound of the paper holds with fixed kernels). Build it with steer=False for a bound.')
+                '(the bound of the paper holds with fixed kernels). Build the model with ssog_steer=False (the layer: '
+                'steer=False) for a bound.')
         gy, gx, mix = self.kernels(grid_size)
         norm_y = gy.sum(dim=-2).amax(dim=-1).sqrt()
         norm_x = gx.sum(dim=-2).amax(dim=-1).sqrt()
@@ -735,8 +736,12 @@ class IdentityMixer(nn.Module):
 
     def forward(self, x: torch.Tensor, grid_size: Optional[Tuple[int, int]] = None, return_attn: bool = False):
         if return_attn:
-            raise RuntimeError('IdentityMixer forms no attention map.')
+            raise RuntimeError('IdentityMixer forms no attention map: ask for maps from a model with '
+                               'mixer="attention".')
         return x
+
+    def lipschitz_bound(self, grid_size: Tuple[int, int], num_prefix_tokens: int = 0) -> torch.Tensor:
+        return torch.ones(())
 
 
 MIXERS = {

@@ -9,6 +9,7 @@ import json
 import os
 import shutil
 import urllib.error
+import urllib.parse
 import urllib.request
 import warnings
 from pathlib import Path
@@ -162,11 +163,13 @@ def _hub_offline() -> Iterator[None]:
         constants.HF_HUB_OFFLINE = before
 
 
-def _mirror_advice(repo: str) -> str:
+def _mirror_advice(repo: str, endpoint: Optional[str] = None, offline: bool = False) -> str:
     folder = f'weights/{repo}' if (Path('weights') / repo).is_dir() else f'<folder of {repo}>'
-    return (f'Start the local Hub mirror with `python -m timm_odevit.hub serve` (it prints the HF_ENDPOINT to set '
-            f"before Python starts), or load a folder of the weights directly: timm.create_model('local-dir:{folder}', "
-            'pretrained=True).')
+    port = urllib.parse.urlsplit(endpoint).port if endpoint else None
+    serve = 'python -m timm_odevit.hub serve' + (f' --port {port}' if port else '')
+    start = 'Unset HF_HUB_OFFLINE and start' if offline else 'Start'
+    return (f'{start} the local Hub mirror with `{serve}` (it prints the HF_ENDPOINT to set before Python starts), '
+            f"or load a folder of the weights directly: timm.create_model('local-dir:{folder}', pretrained=True).")
 
 
 @contextlib.contextmanager
@@ -201,7 +204,7 @@ def pretrained_source(hf_hub_id: Optional[str], file: Optional[str] = None) -> I
             return
         if cached is None:
             raise RuntimeError(f'The Hub endpoint HF_ENDPOINT={endpoint} does not answer ({problem}), and {hf_hub_id} '
-                               f'is not in the Hugging Face cache. {_mirror_advice(repo)}')
+                               f'is not in the Hugging Face cache. {_mirror_advice(repo, endpoint)}')
         source = f'HF_ENDPOINT={endpoint} does not answer ({problem}): {hf_hub_id} loads from the Hugging Face cache'
     elif cached is not None:
         source = f'{hf_hub_id} loads from the Hugging Face cache (not on huggingface.co yet)'
@@ -210,7 +213,7 @@ def pretrained_source(hf_hub_id: Optional[str], file: Optional[str] = None) -> I
         if local is None:
             why = 'HF_HUB_OFFLINE=1 allows no download' if constants.HF_HUB_OFFLINE else 'no local Hub mirror is set'
             raise RuntimeError(f'{hf_hub_id} is not on huggingface.co yet, this install does not carry it, and {why}. '
-                               f'{_mirror_advice(repo)}')
+                               f'{_mirror_advice(repo, offline=constants.HF_HUB_OFFLINE)}')
         snapshot = _seed_hub_cache(hf_hub_id, *local)
         source = (f'{hf_hub_id} is not on huggingface.co yet: loading the copy installed with timm_odevit ({local[0]}),'
                   f' put in the Hugging Face cache ({snapshot})')

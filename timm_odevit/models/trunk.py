@@ -56,7 +56,8 @@ def check_image_input(
 ) -> None:
     """Reject inputs the model cannot use, saying what to do instead of failing deep inside a conv or solver."""
     if x.ndim != 4:
-        raise ValueError(f'Expected an image batch [B, C, H, W], got a tensor of shape {tuple(x.shape)}.')
+        raise ValueError(f'Expected an image batch [B, C, H, W], got a tensor of shape {tuple(x.shape)}; add the '
+                         'batch dimension (x.unsqueeze(0) for one image).')
     B, C, H, W = x.shape
     if C != in_chans:
         raise ValueError(
@@ -75,9 +76,9 @@ def check_image_input(
         if not x.is_floating_point():
             # integer pixels (uint8 images): the model cannot take that dtype, the input must be converted
             raise ValueError(
-                f'The model takes {dtype} images, got {x.dtype} pixels. Convert and normalise them first, as timm '
-                "does: data_config = timm.data.resolve_data_config(model=model); "
-                'timm.data.create_transform(**data_config), or x.to(model dtype) / 255 then the model\'s mean/std.')
+                f'The model takes {dtype} images, got {x.dtype} pixels. Convert them: x = x.to({dtype}) / 255, then '
+                "normalise with the model's mean and std (timm.data.resolve_data_config(model=model)); or build the "
+                'batch from PIL images with timm.data.create_transform(**data_config), as timm does.')
         raise ValueError(
             f'The model takes {dtype} images, got {x.dtype}. Cast the input (x.to({dtype})), cast the model '
             f'(model.to({x.dtype})), or run under torch.autocast.')
@@ -535,7 +536,8 @@ def checkpoint_filter_fn(state_dict: Dict[str, torch.Tensor], model: DepthVision
             old_side = int(round(old_tokens ** 0.5))
             if old_side * old_side != old_tokens:
                 raise ValueError(f'Checkpoint pos_embed of shape {tuple(v.shape)} is not a square grid; cannot '
-                                 f'resample it to {tuple(model.pos_embed.shape)}.')
+                                 f'resample it to {tuple(model.pos_embed.shape)}: build the model at the grid the '
+                                 'checkpoint was trained at.')
             v = resample_abs_pos_embed(
                 v, new_size=model.patch_embed.grid_size, old_size=(old_side, old_side), num_prefix_tokens=num_cls)
         out[k] = v

@@ -11,6 +11,7 @@ from torch import nn
 
 from ..evaluate import evaluate, parse_solver
 from ..hub import CONFIG_FILE, WEIGHTS_FILE
+from ..hub.verify import EXPORT_FIX
 from .runs import SETTINGS
 
 __all__ = ['ELASTICITY_SOLVERS', 'write_elasticity', 'write_weights_elasticity']
@@ -35,7 +36,8 @@ def write_elasticity(root: Path, solvers: Sequence[str], test_samples: int = 200
                            model_from_checkpoint(str(run_path / 'last.pth.tar'), pretrained_cfg=FMNIST_CFG))
     title = f'trained with {", ".join(SETTINGS["ode"][2]) or "the default grid"}'
     return _write(models(), solvers, test_samples, None, root, title,
-                  f'No finished ODE runs under {root / "runs"}: run `python -m timm_odevit.study run`.')
+                  f'No finished ODE runs under {root / "runs"}: run '
+                  f'`python -m timm_odevit.study run --out-dir {root}`.')
 
 
 def write_weights_elasticity(root: Path, out_dir: Path, solvers: Sequence[str], test_samples: int = 2000,
@@ -82,7 +84,7 @@ def write_weights_elasticity(root: Path, out_dir: Path, solvers: Sequence[str], 
                                                   pretrained_cfg=dict(config['pretrained_cfg'], file=weights))
     Path(out_dir).mkdir(parents=True, exist_ok=True)
     return _write(models(), solvers, test_samples, data_dir, Path(out_dir), 'published weights',
-                  f'No ODE weights under {root}: export one with python -m timm_odevit.hub export.', kept, names)
+                  f'No ODE weights under {root}: export one with `{EXPORT_FIX} --root {root}`.', kept, names)
 
 
 def _ode_twin(arch: str) -> Optional[str]:

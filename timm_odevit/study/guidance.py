@@ -240,7 +240,9 @@ def _trajectory(root: Path, runs: Dict[str, Dict[int, Path]], data_dir: Optional
         times, num_images = committed['times'], test_samples
     else:
         raise FileNotFoundError(f'{root / "runs"} has no guided checkpoint (last.pth.tar) and {root / "guidance.csv"} '
-                                'no committed trajectory: rerun a guided run to read the trajectory.')
+                                'no committed trajectory: train a guided run again (move its folder out of runs/ and '
+                                'run the same `python -m timm_odevit.study guidance` command: it retrains the runs '
+                                'that are missing).')
     same_times = bool(committed) and committed['times'] == times
     for arm, by_seed in runs.items():
         for seed in sorted(set(by_seed) - set(with_ckpt[arm])):
@@ -252,7 +254,9 @@ def _trajectory(root: Path, runs: Dict[str, Dict[int, Path]], data_dir: Optional
     for arm in runs:
         if not gaps[arm]:
             raise FileNotFoundError(f'No {arm} run under {root / "runs"} has a checkpoint or a committed trajectory '
-                                    'in guidance.csv: rerun one to read the trajectory.')
+                                    'in guidance.csv: move one of its run folders out of runs/ and run the same '
+                                    '`python -m timm_odevit.study guidance` command again (it retrains the missing '
+                                    'runs).')
     return {'times': times, 'gaps': gaps, 'images': num_images, 'reused': reused, 'missing': missing}
 
 
@@ -328,7 +332,8 @@ def _full_test_table(tests: Dict[str, Dict[int, Dict[str, Any]]]) -> List[str]:
              for m in measured}
     if len(alike) > 1:
         raise ValueError(f'The runs\' {FULL_TEST_FILE} files differ in images or solvers '
-                         f'({sorted(map(str, alike))}): delete them and measure all runs alike (--full-test).')
+                         f'({sorted(map(str, alike))}): with every run\'s last.pth.tar present, delete them and '
+                         'measure all runs alike (guidance-report --full-test); without the checkpoints, keep them.')
     label = {'grid': 'training grid', 'registered': 'registered'}
     head = []
     for key in keys:
@@ -361,7 +366,7 @@ def write_guidance_report(root: Path, test_samples: int = 256, data_dir: Optiona
     runs = {arm: _finished(root, arm) for arm in ARMS}
     if not runs['scratch'] or not runs['guided']:
         raise FileNotFoundError(f'{root / "runs"} needs finished runs of both arms (scratch and guided): '
-                                'run `python -m timm_odevit.study guidance` first.')
+                                f'run `python -m timm_odevit.study guidance --out-dir {root} --teacher ...` first.')
     meta = json.loads((root / 'study.json').read_text())
     setup, recipe = meta.get('setup', {}), meta.get('recipe', {})
     results = {arm: {seed: json.loads((p / 'results.json').read_text()) for seed, p in by_seed.items()}

@@ -60,7 +60,8 @@ def write_report(root: Path) -> str:
     root = Path(root)
     rows = collect(root)
     if not rows:
-        raise FileNotFoundError(f'No finished runs under {root / "runs"}: run `python -m timm_odevit.study run` first.')
+        raise FileNotFoundError(f'No finished runs under {root / "runs"}: run '
+                                f'`python -m timm_odevit.study run --out-dir {root}` first.')
     with open(root / 'results.csv', 'w', newline='') as f:
         w = csv.DictWriter(f, fieldnames=[k for k in rows[0] if k != 'curve'])
         w.writeheader()

@@ -165,8 +165,9 @@ def run_study(
     if meta.is_file():
         have = json.loads(meta.read_text())
         if have != want:
-            raise ValueError(f'{root} holds a study with {have}, not {want}: use another --out-dir, or the same '
-                             'recipe to resume it.')
+            diff = {k: (have.get(k), want.get(k)) for k in sorted(set(have) | set(want)) if have.get(k) != want.get(k)}
+            raise ValueError(f'{root} holds a study with other settings ({diff}: held, asked): use another --out-dir, '
+                             'or the same options to resume it.')
     else:
         meta.write_text(json.dumps(want, indent=2) + '\n')
     env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))

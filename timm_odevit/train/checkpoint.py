@@ -78,7 +78,8 @@ def model_from_checkpoint(
     if not arch:
         raise ValueError(f'{path} does not name its architecture; pass arch.')
     if not timm.is_model(arch):
-        raise ValueError(f'{arch!r} is not a registered timm model (did you import timm_odevit?).')
+        raise ValueError(f"{arch!r} is not a registered timm model: pass a registered name as arch (hub export: "
+                         "--arch); timm.list_models('*ode*') lists this package's ODE models.")
     with torch.serialization.safe_globals([argparse.Namespace]):
         state_dict = load_state_dict(path, use_ema=use_ema)
     cfg = pretrained_cfg if pretrained_cfg is not None else ckpt.get('pretrained_cfg') or {}
@@ -93,8 +94,10 @@ def model_from_checkpoint(
         model.load_state_dict(state_dict, strict=True)
     except RuntimeError as e:
         trained = checkpoint_args(ckpt).get('model_kwargs') or {}
+        detail = '; '.join(line.strip() for line in str(e).splitlines()[1:3])  # the first line names the class only
         raise ValueError(f'{path} does not fit {arch} built with {model_kwargs}'
-                         + (f'; it was trained with --model-kwargs {trained}: pass the ones that change the '
-                            'architecture' if trained else '') + f'. ({str(e).splitlines()[0]})') from e
+                         + (f'; it was trained with --model-kwargs {trained}: pass those that change the architecture '
+                            'as keyword arguments of model_from_checkpoint' if trained else
+                            ': pass the architecture it was trained as (hub export: --arch)') + f'. ({detail})') from e
     model.pretrained_cfg = dict(model.pretrained_cfg, **cfg)
     return model.eval()

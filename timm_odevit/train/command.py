@@ -181,10 +181,11 @@ def distillation_options() -> Tuple[str, ...]:
 # the range of each numeric option: (lowest, highest, whether each end is allowed); None: unbounded
 OPTION_RANGES: Dict[str, Tuple[Optional[float], Optional[float], bool, bool]] = {
     **{k: (1, None, True, True) for k in ('epochs', 'batch_size', 'train_samples', 'val_samples',
-                                          'max_steps_per_epoch', 'img_size', 'checkpoint_hist', 'log_interval')},
+                                          'max_steps_per_epoch', 'img_size', 'checkpoint_hist', 'log_interval',
+                                          'distill_end_epoch')},
     **{k: (0, None, True, True) for k in ('workers', 'warmup_epochs', 'weight_decay', 'warmup_lr', 'min_lr',
                                           'clip_grad', 'state_weight', 'attn_weight', 'kd_weight', 'ce_weight',
-                                          'ce_start_epoch', 'distill_end_epoch', 'jasmin_weight')},
+                                          'ce_start_epoch', 'jasmin_weight')},
     'lr': (0, None, True, True),  # 0 is torch's too: a stage that changes only what the schedule does not touch
     'kd_temperature': (0, None, False, True),
     'smoothing': (0, 1, True, False),
@@ -209,13 +210,37 @@ def _out_of_range(args: argparse.Namespace) -> Optional[str]:
         below = high is None or (value <= high if high_in else value < high)
         if not (above and below):  # NaN fails both
             return f'--{name.replace("_", "-")} must be {_range_text(low, high, low_in, high_in)}, got {value}.'
+    for name, kind, text in (('times', float, "'uniform', 'paper' or comma-separated numbers (0.25,0.5,1)"),
+                             ('time_indices', int, 'comma-separated integers (3,6,12)'),
+                             ('teacher_indices', int, 'comma-separated integers (3,6,12), or n for the last n')):
+        value = getattr(args, name)
+        if value is not None and not (name == 'times' and value in ('uniform', 'paper')):
+            try:
+                [kind(v) for v in value.split(',')]
+            except ValueError:
+                return f'--{name.replace("_", "-")} must be {text}, got {value!r}.'
     if args.warmup_epochs >= args.epochs:
         return f'--warmup-epochs {args.warmup_epochs} must be shorter than the run (--epochs {args.epochs}).'
     return None
 
 
-def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
-    """The command line, checked: a bad value fails here, before any work, with a message naming the option."""
+def _check_files(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    if args.data_dir is not None and not os.path.isdir(args.data_dir):
+        p.error(f'--data-dir {args.data_dir} does not exist.')
+    for name in ('resume', 'initial_checkpoint', 'teacher_checkpoint'):
+        path = getattr(args, name)
+        if path and not os.path.isfile(path):
+            p.error(f'--{name.replace("_", "-")} {path}: no such checkpoint.')
+        problem = unreadable(path) if path else None
+        if problem:
+            p.error(f'--{name.replace("_", "-")} {path}: not a readable checkpoint, truncated or corrupt ({problem}). '
+                    'Give an earlier one of the run (its folder keeps checkpoint-<epoch>.pth.tar files).')
+
+
+def parse_args(argv: Optional[Sequence[str]] = None, files: bool = True) -> argparse.Namespace:
+    """The command line, checked: a bad value fails here, before any work, with a message naming the option.
+    ``files=False`` checks the options but not the data folder and checkpoints they name (a documented command whose
+    inputs an earlier command makes)."""
     p = _parser()
     args = p.parse_args(argv)
     problem = _out_of_range(args)
@@ -232,16 +257,8 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
         if unused:
             p.error(f'{", ".join(unused)} steer trajectory distillation; --distill logit uses --kd-weight, '
                     '--kd-temperature and --ce-weight only.')
-    if args.data_dir is not None and not os.path.isdir(args.data_dir):
-        p.error(f'--data-dir {args.data_dir} does not exist.')
-    for name in ('resume', 'initial_checkpoint', 'teacher_checkpoint'):
-        path = getattr(args, name)
-        if path and not os.path.isfile(path):
-            p.error(f'--{name.replace("_", "-")} {path}: no such checkpoint.')
-        problem = unreadable(path) if path else None
-        if problem:
-            p.error(f'--{name.replace("_", "-")} {path}: not a readable checkpoint, truncated or corrupt ({problem}). '
-                    'Give an earlier one of the run (its folder keeps checkpoint-<epoch>.pth.tar files).')
+    if files:
+        _check_files(p, args)
     # recorded in every checkpoint (CheckpointSaver keeps args): a card renders this command only for its own runs,
     # never for a checkpoint of timm's train.py, whose options mean other things
     args.trainer = PROG
