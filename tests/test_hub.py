@@ -583,6 +583,25 @@ def test_export_records_the_size_the_run_trained_at(tmp_path):
         hub_main(['export', str(ckpt), '--tag', 'big', '--root', str(tmp_path / 'w'), '--no-full', '--img-size', '32'])
 
 
+@pytest.mark.parametrize('arch', ['ssog_ode_tiny_patch4_32', 'looped_vit_tiny_patch4_32', 'dense_vit_tiny_patch4_32'])
+def test_export_keeps_the_depth_a_run_trained_at(arch, tmp_path):
+    # a weight-shared trunk's depth shows in no tensor shape: exported at the default depth, it would load silently
+    import argparse
+    from timm_odevit.hub.__main__ import main as hub_main
+    torch.manual_seed(0)
+    model = timm.create_model(arch, num_classes=10, in_chans=1, depth=3).eval()
+    ckpt = tmp_path / 'last.pth.tar'
+    args = argparse.Namespace(model=arch, model_kwargs={'depth': 3})
+    torch.save({'arch': arch, 'state_dict': model.state_dict(), 'args': args}, ckpt)
+    assert hub_main(['export', str(ckpt), '--tag', 'd3', '--root', str(tmp_path / 'w'), '--no-full']) == 0
+    config = json.loads((tmp_path / 'w' / f'{arch}.d3' / 'config.json').read_text())
+    assert config['model_args']['depth'] == 3
+    loaded = timm.create_model(f'local-dir:{tmp_path / "w" / f"{arch}.d3"}', pretrained=True).eval()
+    x = torch.randn(2, 1, 32, 32)
+    with torch.no_grad():
+        assert torch.allclose(loaded(x), model(x), atol=1e-5) and loaded.nfe == model.nfe
+
+
 def test_export_replaces_files_whole(tmp_path):
     """A re-export renames finished files into place: a reader that opened the old file keeps reading the old bytes
     whole (they still hash to the old manifest), and the new file hashes to the new manifest."""

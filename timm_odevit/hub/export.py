@@ -40,8 +40,9 @@ TEST_SETS = (('Fashion-MNIST sample (1,000 test images, bundled)', fm.SAMPLE_DIR
 # what a weights file may store its tensors in: half precision halves a file (the repository's working tree, weights
 # included, must fit the 64 MiB a GPU run carries); timm's loader copies any of them into a float32 model
 STORAGE_DTYPES = {'float32': torch.float32, 'float16': torch.float16, 'bfloat16': torch.bfloat16}
-# the --model-kwargs that set an ODE trunk's discretisation (adjoint and max_nfe only change how it trains or fails)
-TRAINED_SOLVER_KWARGS = ('ode_method', 'ode_steps', 'ode_t_end', 'ode_rtol', 'ode_atol')
+# the --model-kwargs that set a trunk's depth and an ODE trunk's discretisation (adjoint and max_nfe only change how
+# it trains or fails); a weight-shared trunk's depth (loops, the ODE's output points and t_end) shows in no tensor shape
+TRAINED_SOLVER_KWARGS = ('depth', 'ode_method', 'ode_steps', 'ode_t_end', 'ode_rtol', 'ode_atol')
 
 
 def measure(model: nn.Module, folder: str, full_test: bool = True,
@@ -63,8 +64,8 @@ def measure(model: nn.Module, folder: str, full_test: bool = True,
 
 
 def trained_solver(model_kwargs: Optional[Dict[str, Any]]) -> Dict[str, Any]:
-    """The ODE solver options among a run's ``--model-kwargs``: the weights learnt that discretisation, so the
-    export keeps them (config.json's ``model_args``, what ``pretrained=True`` solves with)."""
+    """The depth and ODE solver options among a run's ``--model-kwargs``: the weights learnt that discretisation,
+    so the export keeps them (config.json's ``model_args``, what ``pretrained=True`` solves with)."""
     return {k: v for k, v in (model_kwargs or {}).items() if k in TRAINED_SOLVER_KWARGS}
 
 
