@@ -191,6 +191,14 @@ def test_paper_rule_in_task_uses_teacher_cls_distances(batch):
     assert task.target_times[-1] == 6. and bool((task.target_times.diff() > 0).all())
 
 
+def test_solver_grid_is_the_trunks_own_also_after_pruning():
+    student = make_student('odevit_tiny_patch4_32', depth=12)
+    assert torch.allclose(solver_grid(student), torch.arange(1, 13, dtype=torch.float64))
+    student.trunk.prune(6)  # the interval ends at layer 6's time; the solver keeps its points (unit steps)
+    assert torch.allclose(solver_grid(student), torch.arange(1, 7, dtype=torch.float64))
+    assert solver_grid(student).tolist() == student.trunk.solver_grid(student.trunk.t_end)[1:]
+
+
 def test_looped_student_and_explicit_times(batch):
     task = TrajectoryDistillationTask(make_student('looped_vit_tiny_patch4_32', depth=6), make_teacher(),
                                       times=[2., 4., 6.], verbose=False)

@@ -32,7 +32,7 @@ def solver_grid(student: nn.Module) -> Optional[torch.Tensor]:
     if isinstance(trunk, OdeDepth):
         if trunk.adaptive:
             return None
-        return torch.linspace(0., trunk.t_end, trunk.steps + 1, dtype=torch.float64)[1:]
+        return torch.tensor(trunk.solver_grid(trunk.t_end)[1:], dtype=torch.float64)  # the solver's own points
     return torch.arange(1, trunk.num_layers + 1, dtype=torch.float64)
 
 
