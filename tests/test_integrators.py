@@ -84,6 +84,26 @@ def test_set_solver_on_built_depth():
     assert depth.method == 'rk4' and depth.steps == 6  # a refused change leaves the solver as it was
 
 
+def test_solver_context_sets_and_restores_the_options_however_it_ends():
+    depth = OdeDepth(_block(), num_layers=12, method='euler', max_nfe=500)
+    before = depth.solver_options()
+    assert before == dict(method='euler', steps=12, rtol=1e-3, atol=1e-4, adjoint=False, max_nfe=500)
+    with depth.solver(method='rk4', steps=6) as solved:
+        assert solved is depth and (depth.method, depth.steps) == ('rk4', 6)
+        with torch.no_grad():
+            depth(_tokens(), GRID)
+        assert depth.nfe == 24
+    assert depth.solver_options() == before
+    with pytest.raises(RuntimeError, match='inside'):
+        with depth.solver(steps=3):
+            raise RuntimeError('inside')
+    assert depth.solver_options() == before
+    with pytest.raises(ValueError, match='Unknown ODE method'):
+        with depth.solver(method='rk45'):
+            pass
+    assert depth.solver_options() == before
+
+
 def test_adaptive_nonfinite_state_stops_with_clear_error():
     block = _block()
     with torch.no_grad():

@@ -10,13 +10,14 @@ every timm_odevit model reports); ``None`` for a model without it, such as timm'
 solves it another way (such as the grid it was trained on), once more that way; the Hub cards and the guidance
 study both report these two figures.
 """
-import inspect
 from typing import Any, Dict, Iterable, Optional, Tuple, Union
 
 import torch
 import torch.distributed as dist
 from timm.utils import unwrap_model
 from torch import nn
+
+from .layers import ode_trunk
 
 __all__ = ['evaluate', 'evaluate_solved', 'parse_solver', 'solver_of']
 
@@ -97,8 +98,8 @@ def evaluate(
 
 def solver_of(model: nn.Module) -> str:
     """How a model is solved now: 'euler:12' for an ODE trunk, 'discrete' for any other model."""
-    trunk = getattr(model, 'trunk', None)
-    return f'{trunk.method}:{trunk.steps}' if hasattr(trunk, 'method') else 'discrete'
+    trunk = ode_trunk(model)
+    return f'{trunk.method}:{trunk.steps}' if trunk is not None else 'discrete'
 
 
 def evaluate_solved(
@@ -114,12 +115,10 @@ def evaluate_solved(
     out = {'registered': dict(evaluate(model, data, **kwargs), solver=solver_of(model))}
     if not solver:
         return out
-    trunk = model.trunk
-    before = {name: getattr(trunk, name) for name in inspect.signature(trunk.set_solver).parameters}
-    try:
-        model.set_solver(**solver)
+    trunk = ode_trunk(model)
+    if trunk is None:
+        raise TypeError(f'solver={solver} needs an ODE model; {type(model).__name__} has no ODE trunk.')
+    with trunk.solver(**solver):
         if solver_of(model) != out['registered']['solver']:
             out['solver'] = dict(evaluate(model, data, **kwargs), solver=solver_of(model))
-    finally:
-        trunk.set_solver(**before)
     return out

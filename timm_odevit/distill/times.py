@@ -10,7 +10,7 @@ from typing import Optional, Sequence
 import torch
 from torch import nn
 
-from ..layers import OdeDepth
+from ..layers import ode_trunk
 
 __all__ = [
     'TIME_RULES', 'solver_grid', 'trunk_t_end', 'uniform_times', 'paper_times', 'cls_distances', 'validate_times',
@@ -22,18 +22,18 @@ TIME_RULES = ('uniform', 'paper')
 
 def trunk_t_end(student: nn.Module) -> float:
     """End of the student's depth interval."""
-    trunk = student.trunk
-    return float(trunk.t_end) if isinstance(trunk, OdeDepth) else float(trunk.num_layers)
+    trunk = ode_trunk(student)
+    return float(trunk.t_end) if trunk is not None else float(student.trunk.num_layers)
 
 
 def solver_grid(student: nn.Module) -> Optional[torch.Tensor]:
     """The times after 0 that the student's solver visits (float64), or None for an adaptive ODE method."""
-    trunk = student.trunk
-    if isinstance(trunk, OdeDepth):
+    trunk = ode_trunk(student)
+    if trunk is not None:
         if trunk.adaptive:
             return None
         return torch.tensor(trunk.solver_grid(trunk.t_end)[1:], dtype=torch.float64)  # the solver's own points
-    return torch.arange(1, trunk.num_layers + 1, dtype=torch.float64)
+    return torch.arange(1, student.trunk.num_layers + 1, dtype=torch.float64)
 
 
 def _check_count(num_targets: int, grid: Optional[torch.Tensor]) -> None:

@@ -17,11 +17,13 @@ def evaluate_folder(folder: str, data: str = 'sample', solver: Optional[str] = N
     import timm_odevit  # noqa: F401  (registers the architectures config.json names)
     from .. import data as fm
     from ..evaluate import evaluate, parse_solver
+    from ..layers import ode_trunk
     src = {'sample': fm.SAMPLE_DIR, 'full': fm.DEBIAN_FASHION_MNIST}.get(data, data)
     model = timm.create_model(f'local-dir:{Path(folder).resolve()}', pretrained=True)
     if solver:
-        if not hasattr(model.trunk, 'set_solver'):
-            raise ValueError(f'--solver needs an ODE model; {folder} holds a {type(model.trunk).__name__} trunk.')
+        if ode_trunk(model) is None:
+            raise ValueError(f'--solver needs an ODE model; {folder} holds a {type(model.trunk).__name__} trunk: '
+                             'drop --solver.')
         method, steps = parse_solver(solver)
         model.trunk.set_solver(method=method, steps=steps)
     return evaluate(model, fm.load_tensors(src, 'test', model=model))

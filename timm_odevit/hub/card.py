@@ -8,6 +8,7 @@ from torch import nn
 
 from . import hub_id
 from ..data import AUGMENT_SHIFT, FASHION_MNIST_TRAIN_IMAGES
+from ..layers import ode_trunk
 from ..train import format_command
 
 __all__ = ['DATASET', 'RECIPE', 'card_description', 'card_stages', 'evaluate_command', 'guidance_line', 'model_card',
@@ -174,8 +175,8 @@ def model_card(
         'Dataset': DATASET,
         'License': 'apache-2.0',
     }
-    trunk = getattr(model, 'trunk', None)
-    if hasattr(trunk, 'method'):
+    trunk = ode_trunk(model)
+    if trunk is not None:
         details['ODE solver'] = (f'{trunk.method}, {trunk.steps} steps (what `pretrained=True` gives, from '
                                  '`config.json`; `model.set_solver(method=..., steps=...)` changes it)')
     if dtype != torch.float32:

@@ -25,6 +25,7 @@ from . import CARD_FILE, CONFIG_FILE, ORG, WEIGHTS_FILE
 from .. import data as fm
 from ..evaluate import evaluate_solved
 from ..files import write_failed
+from ..layers import DISCRETISATION_OPTIONS, ode_trunk
 from ..models.pretrained import fmnist_input
 from ..train import PROG, checkpoint_args, is_training_command, model_from_checkpoint, read_checkpoint, recorded_args
 from .card import card_description, card_stages, evaluate_command, model_card, staged_lines, training_lines
@@ -42,7 +43,7 @@ TEST_SETS = (('Fashion-MNIST sample (1,000 test images, bundled)', fm.SAMPLE_DIR
 STORAGE_DTYPES = {'float32': torch.float32, 'float16': torch.float16, 'bfloat16': torch.bfloat16}
 # the --model-kwargs that set a trunk's depth and an ODE trunk's discretisation (adjoint and max_nfe only change how
 # it trains or fails); a weight-shared trunk's depth (loops, the ODE's output points and t_end) shows in no tensor shape
-TRAINED_SOLVER_KWARGS = ('depth', 'ode_method', 'ode_steps', 'ode_t_end', 'ode_rtol', 'ode_atol')
+TRAINED_SOLVER_KWARGS = ('depth', 'ode_t_end') + tuple(f'ode_{name}' for name in DISCRETISATION_OPTIONS)
 
 
 def measure(model: nn.Module, folder: str, full_test: bool = True,
@@ -72,13 +73,12 @@ def trained_solver(model_kwargs: Optional[Dict[str, Any]]) -> Dict[str, Any]:
 def architecture_solver(arch: str, model: nn.Module) -> Optional[Dict[str, Any]]:
     """``set_solver`` options of ``arch``'s registered default when ``model`` (an ODE model) is solved otherwise;
     None for a discrete model or one at its architecture's default."""
-    if not hasattr(getattr(model, 'trunk', None), 'method'):
+    if ode_trunk(model) is None:
         return None
-    default = timm.create_model(arch, device='meta').trunk
-    if (default.method, default.steps, default.rtol, default.atol) == (
-            model.trunk.method, model.trunk.steps, model.trunk.rtol, model.trunk.atol):
-        return None
-    return dict(method=default.method, steps=default.steps, rtol=default.rtol, atol=default.atol)
+    default = {k: v for k, v in ode_trunk(timm.create_model(arch, device='meta')).solver_options().items()
+               if k in DISCRETISATION_OPTIONS}
+    now = {k: v for k, v in ode_trunk(model).solver_options().items() if k in DISCRETISATION_OPTIONS}
+    return None if now == default else default
 
 
 def stored_dtype(path: Path) -> torch.dtype:

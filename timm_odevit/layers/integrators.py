@@ -12,9 +12,10 @@ ODE trunk is a point of a uniform output grid over [0, T] (T = number of layers 
 size 1 is exactly one looped block); the solver's own grid (method, steps) is independent of it and can be changed
 on a built model with ``set_solver``.
 """
+import contextlib
 import math
 import operator
-from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 import torch
 from torch import nn
@@ -24,7 +25,7 @@ from torchdiffeq import odeint, odeint_adjoint
 
 __all__ = [
     'DiscreteDepth', 'LoopedDepth', 'OdeDepth', 'OdeSolverError', 'FIXED_GRID_METHODS', 'ADAPTIVE_METHODS',
-    'RK_TABLEAUS',
+    'RK_TABLEAUS', 'DISCRETISATION_OPTIONS', 'SOLVER_OPTIONS', 'ode_trunk',
 ]
 
 ADAPTIVE_METHODS = ('dopri5', 'dopri8', 'bosh3', 'fehlberg2', 'adaptive_heun')
@@ -40,6 +41,10 @@ RK_TABLEAUS: Dict[str, Tuple[Tuple[Tuple[float, ...], ...], Tuple[float, ...]]] 
 # multistep methods keep torchdiffeq's implementation on the same fixed grid
 FIXED_GRID_METHODS = tuple(RK_TABLEAUS) + ('explicit_adams', 'implicit_adams', 'fixed_adams')
 METHODS = FIXED_GRID_METHODS + ADAPTIVE_METHODS
+# OdeDepth.set_solver's options: the first four decide the solution (a weight learns them), the last two only how it
+# trains (adjoint) or fails (max_nfe)
+DISCRETISATION_OPTIONS = ('method', 'steps', 'rtol', 'atol')
+SOLVER_OPTIONS = DISCRETISATION_OPTIONS + ('adjoint', 'max_nfe')
 
 
 class OdeSolverError(RuntimeError):
@@ -281,6 +286,21 @@ class OdeDepth(_DepthBase):
         self.method, self.steps, self.rtol, self.atol, self.max_nfe = method, steps, float(rtol), float(atol), max_nfe
         self.adjoint = bool(getattr(self, 'adjoint', False) if adjoint is None else adjoint)
 
+    def solver_options(self) -> Dict[str, Any]:
+        """How the ODE is solved now, as ``set_solver`` keyword arguments (``SOLVER_OPTIONS``)."""
+        return {name: getattr(self, name) for name in SOLVER_OPTIONS}
+
+    @contextlib.contextmanager
+    def solver(self, **options: Any) -> Iterator['OdeDepth']:
+        """Solve another way inside a ``with`` block (``set_solver`` options); the options before it come back
+        however the block ends."""
+        before = self.solver_options()
+        try:
+            self.set_solver(**options)
+            yield self
+        finally:
+            self.set_solver(**before)
+
     @property
     def adaptive(self) -> bool:
         return self.method in ADAPTIVE_METHODS
@@ -464,3 +484,10 @@ def _positive_int(name: str, value: Any) -> int:
     if value < 1:
         raise ValueError(f'{name} must be a positive integer, got {value!r}.')
     return value
+
+
+def ode_trunk(model: nn.Module) -> Optional[OdeDepth]:
+    """The model's ODE trunk, or None for a model of another depth setting (or not of this package): the one test
+    of "is this an ODE model" (its solver options live on the trunk, ``OdeDepth.set_solver``)."""
+    trunk = getattr(model, 'trunk', None)
+    return trunk if isinstance(trunk, OdeDepth) else None

@@ -12,7 +12,6 @@ committed; the runner writes it as each run ends).
 """
 import argparse
 import csv
-import inspect
 import json
 import shlex
 import statistics
@@ -23,7 +22,7 @@ from typing import Any, Dict, List, Optional, Sequence
 
 import torch
 
-from ..layers import OdeDepth
+from ..layers import SOLVER_OPTIONS
 from .report import mean_sd
 from .runs import RUN_OPTIONS, Run, StudyRecipe
 
@@ -39,7 +38,7 @@ TRAJECTORY_NORM = 'cosine'
 WEIGHTS_TRAJECTORY_NORMS = ('cosine', 'gram')
 # model kwargs that choose how an ODE trunk is solved, not what it is (what set_solver takes): left out to build
 # the registered solver
-SOLVER_KWARGS = tuple(f'ode_{name}' for name in inspect.signature(OdeDepth.set_solver).parameters if name != 'self')
+SOLVER_KWARGS = tuple(f'ode_{name}' for name in SOLVER_OPTIONS)
 FULL_TEST_FILE = 'full_test.json'
 
 
