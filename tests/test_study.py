@@ -17,7 +17,7 @@ from timm_odevit import data as fm
 from timm_odevit.evaluate import evaluate, parse_solver
 from timm_odevit.models.families import FAMILIES
 from timm_odevit.models.pretrained import FMNIST_CFG
-from timm_odevit.study import SETTINGS, StudyRecipe, run_study, study_runs
+from timm_odevit.study import STUDY_PAIRS, StudyRecipe, run_study, study_runs
 from timm_odevit.study.elasticity import write_elasticity
 from timm_odevit.study.export import best_runs, export_run
 from timm_odevit.study.guidance import (check_teacher, guidance_runs, guidance_setup, guidance_variants,
@@ -34,12 +34,12 @@ TINY = StudyRecipe(train_samples=48, val_samples=32, epochs=2, batch_size=16)
 def test_study_runs_are_matched_pairs_seed_major():
     runs = study_runs((0, 1))
     assert len(runs) == 12 and [r.seed for r in runs] == [0] * 6 + [1] * 6
-    for setting, (dense, ssog, kwargs) in SETTINGS.items():
+    for setting, (dense, ssog, kwargs) in STUDY_PAIRS.items():
         pair = [r for r in runs[:6] if r.setting == setting]
         assert [r.arch for r in pair] == [dense, ssog]
         assert all(r.model_kwargs == tuple(f'{k}={v}' for k, v in kwargs.items()) for r in pair)
     # the ODE setting is not the looped trunk again: it is solved on a finer grid
-    assert SETTINGS['ode'][2]['ode_steps'] != 12
+    assert STUDY_PAIRS['ode'].model_kwargs['ode_steps'] != 12
     with pytest.raises(ValueError, match='Unknown setting'):
         study_runs((0,), ['recurrent'])
 
@@ -102,7 +102,7 @@ def test_report_table_and_curves(study):
     top1 = {r['arch']: float(r['val_top1']) for r in rows}
     final = {run.arch: json.loads((run_dir(root, run) / 'results.json').read_text())['top1'] for run in runs}
     assert top1 == pytest.approx({k: round(v, 2) for k, v in final.items()})
-    dense, ssog, _ = SETTINGS['ode']
+    dense, ssog, _ = STUDY_PAIRS['ode']
     gain = top1[ssog] - top1[dense]
     assert f'{gain:.2f} (1 run)' in table and '+2.2 to +4.1' in table
     assert (root / 'curves.png').stat().st_size > 10_000
@@ -123,7 +123,7 @@ def test_export_card_carries_measured_top1(study, tmp_path):
     root, runs, _ = study
     best = best_runs(root)
     assert set(best) == {r.arch for r in runs}
-    arch = SETTINGS['ode'][1]
+    arch = STUDY_PAIRS['ode'].ssog
     out = export_run(best[arch], 'test', FMNIST_CFG, str(tmp_path), 'a test export', full_test=False)
     repo = tmp_path / f'{arch}.test'
     model = timm.create_model(f'local-dir:{repo}', pretrained=True)

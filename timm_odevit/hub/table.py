@@ -292,7 +292,7 @@ def steered_table(logs: Path, root: Path) -> str:
         if not family.steer:
             continue
         size = arch[len(family.name):]
-        names = [f'{family.twin}{size}.{tag}', f'{SETTINGS[family.depth][0]}{size}.{tag}', run.name]
+        names = [f'{family.twin}{size}.{tag}', f'{SETTINGS[family.depth].ssog}{size}.{tag}', run.name]
         runs = [_finished_run(logs, n) for n in names]
         if any(r is None for r in runs) or not all(
                 _same_recipe([runs[2][0]], [r[0]], arch, n.partition('.')[0]) for r, n in zip(runs[:2], names[:2])):

@@ -3,9 +3,9 @@
 The zoo table, the benchmark, the study and the recipes all read this table instead of declaring their own.
 """
 from dataclasses import dataclass
-from typing import Dict, Optional, Tuple
+from typing import Dict, NamedTuple, Optional, Tuple
 
-__all__ = ['Family', 'FAMILIES', 'SETTINGS', 'SIZES', 'family_of', 'model_name']
+__all__ = ['Family', 'FAMILIES', 'MixerPair', 'SETTINGS', 'SIZES', 'family_of', 'model_name']
 
 
 @dataclass(frozen=True)
@@ -32,9 +32,17 @@ FAMILIES: Dict[str, Family] = {f.name: f for f in (
     Family('looped_vit', 'attention', 'looped'),
     Family('odevit', 'attention', 'ode'),
 )}
-# depth setting -> (SSoG family, its dense twin): the paper's fixed-kernel families
-SETTINGS: Dict[str, Tuple[str, str]] = {f.depth: (f.name, f.twin) for f in FAMILIES.values()
-                                        if f.is_ssog and not f.steer}
+
+
+class MixerPair(NamedTuple):
+    """An SSoG family and its dense-attention twin (same trunk, other mixer)."""
+    ssog: str
+    dense: str
+
+
+# depth setting -> its pair of families: the paper's fixed-kernel SSoG and its dense twin
+SETTINGS: Dict[str, MixerPair] = {f.depth: MixerPair(f.name, f.twin) for f in FAMILIES.values()
+                                  if f.is_ssog and not f.steer}
 SIZES: Tuple[str, ...] = ('tiny', 'small', 'base')
 
 

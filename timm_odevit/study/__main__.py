@@ -16,7 +16,7 @@ from dataclasses import asdict, fields
 from pathlib import Path
 from typing import List, Optional
 
-from .runs import SETTINGS, StudyRecipe, run_study, study_runs
+from .runs import STUDY_PAIRS, StudyRecipe, run_study, study_runs
 
 DEFAULT_OUT = 'results/fmnist_study'
 DEFAULT_GUIDANCE_OUT = 'results/guidance'
@@ -39,7 +39,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest='cmd', required=True)
     r = _add_run_options(sub.add_parser('run', help='train every run of the study that is not done yet'), DEFAULT_OUT)
-    r.add_argument('--settings', nargs='+', default=list(SETTINGS), choices=list(SETTINGS))
+    r.add_argument('--settings', nargs='+', default=list(STUDY_PAIRS), choices=list(STUDY_PAIRS))
     rep = sub.add_parser('report', help='results table (mean and spread over seeds), CSV and curves')
     rep.add_argument('--out-dir', default=DEFAULT_OUT)
     el = sub.add_parser('elasticity', help='top-1 of the trained ODE models under other solvers and step counts')

@@ -12,7 +12,7 @@ from torch import nn
 from ..evaluate import evaluate, parse_solver
 from ..hub import CONFIG_FILE, WEIGHTS_FILE
 from ..hub.verify import EXPORT_FIX
-from .runs import SETTINGS
+from .runs import STUDY_PAIRS
 
 __all__ = ['ELASTICITY_SOLVERS', 'write_elasticity', 'write_weights_elasticity']
 
@@ -29,12 +29,12 @@ def write_elasticity(root: Path, solvers: Sequence[str], test_samples: int = 200
     root = Path(root)
 
     def models() -> Iterable[Tuple[str, str, nn.Module]]:
-        for arch in SETTINGS['ode'][:2]:
+        for arch in (STUDY_PAIRS['ode'].dense, STUDY_PAIRS['ode'].ssog):
             for run_path in sorted((root / 'runs').glob(f'{arch}-seed*')):
                 if (run_path / 'results.json').is_file():
                     yield (arch, run_path.name.rsplit('seed', 1)[1],
                            model_from_checkpoint(str(run_path / 'last.pth.tar'), pretrained_cfg=FMNIST_CFG))
-    title = f'trained with {", ".join(SETTINGS["ode"][2]) or "the default grid"}'
+    title = f'trained with {", ".join(STUDY_PAIRS["ode"].model_kwargs) or "the default grid"}'
     return _write(models(), solvers, test_samples, None, root, title,
                   f'No finished ODE runs under {root / "runs"}: run '
                   f'`python -m timm_odevit.study run --out-dir {root}`.')
@@ -90,12 +90,11 @@ def write_weights_elasticity(root: Path, out_dir: Path, solvers: Sequence[str], 
 def _ode_twin(arch: str) -> Optional[str]:
     """The ODE architecture with the parameters of a looped one (``looped_ssog_tiny_patch4_32`` ->
     ``ssog_ode_tiny_patch4_32``); None for an architecture that is not looped."""
-    from ..models.families import SETTINGS as FAMILY_SETTINGS, family_of
+    from ..models.families import SETTINGS, family_of
     family = family_of(arch)
     if family.depth != 'looped':
         return None
-    # depth setting -> (SSoG family, dense twin): the ODE family at the looped family's place
-    ode = FAMILY_SETTINGS['ode'][FAMILY_SETTINGS['looped'].index(family.name)]
+    ode = SETTINGS['ode'].ssog if family.name == SETTINGS['looped'].ssog else SETTINGS['ode'].dense
     return ode + arch[len(family.name):]
 
 

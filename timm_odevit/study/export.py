@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Any, Dict, Optional
 
 from ..hub.export import export_checkpoint
-from .runs import SETTINGS
+from .runs import STUDY_PAIRS
 
 __all__ = ['best_runs', 'export_run']
 
@@ -15,7 +15,7 @@ def best_runs(root: Path) -> Dict[str, Path]:
     """arch -> the finished run folder with the highest final validation top-1 (over seeds)."""
     best: Dict[str, Path] = {}
     score: Dict[str, float] = {}
-    for dense, ssog, _ in SETTINGS.values():
+    for dense, ssog, _ in STUDY_PAIRS.values():
         for arch in (dense, ssog):
             for run_path in sorted((Path(root) / 'runs').glob(f'{arch}-seed*')):
                 res = run_path / 'results.json'

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Sequence
 
 from ..train import read_summary
-from .runs import SETTINGS
+from .runs import STUDY_PAIRS
 
 __all__ = ['PAPER_GAIN', 'PAPER_STEER_GAIN', 'collect', 'write_report']
 
@@ -24,7 +24,7 @@ def collect(root: Path) -> List[Dict[str, Any]]:
     import timm_odevit  # noqa: F401  (registers the archs)
     rows = []
     params: Dict[str, float] = {}
-    for setting, (dense, ssog, _) in SETTINGS.items():
+    for setting, (dense, ssog, _) in STUDY_PAIRS.items():
         for arch in (dense, ssog):
             for run_path in sorted((Path(root) / 'runs').glob(f'{arch}-seed*')):
                 res = run_path / 'results.json'
@@ -73,7 +73,7 @@ def write_report(root: Path) -> str:
         'paper gain | agrees |',
         '|---|---|---:|---:|---|---:|---:|---:|---:|---|',
     ]
-    for setting, (dense, ssog, _) in SETTINGS.items():
+    for setting, (dense, ssog, _) in STUDY_PAIRS.items():
         d = {r['seed']: r for r in rows if r['arch'] == dense}
         s = {r['seed']: r for r in rows if r['arch'] == ssog}
         if not d or not s:
@@ -100,8 +100,8 @@ def _plot(rows: List[Dict[str, Any]], path: Path) -> None:
     import matplotlib
     matplotlib.use('Agg')
     import matplotlib.pyplot as plt
-    fig, axes = plt.subplots(1, len(SETTINGS), figsize=(4.2 * len(SETTINGS), 3.6), sharey=True)
-    for ax, setting in zip(axes, SETTINGS):
+    fig, axes = plt.subplots(1, len(STUDY_PAIRS), figsize=(4.2 * len(STUDY_PAIRS), 3.6), sharey=True)
+    for ax, setting in zip(axes, STUDY_PAIRS):
         for r in (r for r in rows if r['setting'] == setting):
             ep, top1 = zip(*r['curve'])
             ax.plot([e + 1 for e in ep], top1, marker='o', color='tab:red' if r['mixer'] == 'ssog' else 'tab:blue',

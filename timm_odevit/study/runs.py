@@ -13,11 +13,11 @@ import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterator, List, NamedTuple, Optional, Sequence, Tuple
 
-from ..models.families import SETTINGS as FAMILY_SETTINGS, model_name
+from ..models.families import SETTINGS, model_name
 
-__all__ = ['RUN_OPTIONS', 'SETTINGS', 'StudyRecipe', 'Run', 'study_runs', 'run_dir', 'is_done', 'train_command',
+__all__ = ['RUN_OPTIONS', 'STUDY_PAIRS', 'StudyPair', 'StudyRecipe', 'Run', 'study_runs', 'run_dir', 'is_done', 'train_command',
            'run_study']
 
 _logger = logging.getLogger(__name__)
@@ -25,11 +25,20 @@ _logger = logging.getLogger(__name__)
 # model kwargs the study gives both models of a setting: ODE-ViT's Base grid (24 points, Euler on [0, 12]); with
 # 12 steps (h = 1) Euler would be the looped trunk
 STUDY_KWARGS: Dict[str, Dict[str, Any]] = {'ode': {'ode_steps': 23}}
-# setting -> (dense twin, SSoG model, model kwargs shared by both); tiny width, patch 4 at 32 px
-SETTINGS: Dict[str, Tuple[str, str, Dict[str, Any]]] = {
-    depth: (model_name(dense, 'tiny', small_image=True), model_name(ssog, 'tiny', small_image=True),
-            STUDY_KWARGS.get(depth, {}))
-    for depth, (ssog, dense) in FAMILY_SETTINGS.items()
+
+
+class StudyPair(NamedTuple):
+    """The two models of one depth setting of the study, and the model kwargs both get."""
+    dense: str
+    ssog: str
+    model_kwargs: Dict[str, Any]
+
+
+# depth setting -> its pair; tiny width, patch 4 at 32 px
+STUDY_PAIRS: Dict[str, StudyPair] = {
+    depth: StudyPair(model_name(pair.dense, 'tiny', small_image=True), model_name(pair.ssog, 'tiny', small_image=True),
+                     STUDY_KWARGS.get(depth, {}))
+    for depth, pair in SETTINGS.items()
 }
 
 
@@ -72,12 +81,12 @@ class Run:
 
 def study_runs(seeds: Sequence[int] = (0, 1), settings: Optional[Sequence[str]] = None) -> List[Run]:
     """Seed-major order, so a study cut short still has complete pairs for its first seeds."""
-    names = list(settings or SETTINGS)
-    unknown = [s for s in names if s not in SETTINGS]
+    names = list(settings or STUDY_PAIRS)
+    unknown = [s for s in names if s not in STUDY_PAIRS]
     if unknown:
-        raise ValueError(f'Unknown setting(s) {unknown}; choose from {list(SETTINGS)}.')
-    return [Run(s, arch, seed, tuple(f'{k}={v}' for k, v in SETTINGS[s][2].items()))
-            for seed in seeds for s in names for arch in SETTINGS[s][:2]]
+        raise ValueError(f'Unknown setting(s) {unknown}; choose from {list(STUDY_PAIRS)}.')
+    return [Run(s, arch, seed, tuple(f'{k}={v}' for k, v in STUDY_PAIRS[s].model_kwargs.items()))
+            for seed in seeds for s in names for arch in (STUDY_PAIRS[s].dense, STUDY_PAIRS[s].ssog)]
 
 
 def run_dir(root: Path, run: Run) -> Path:
