@@ -156,10 +156,19 @@ def test_grad_checkpointing_same_gradients(method):
     grads = []
     for ckpt in (False, True):
         block = _block().train()
+        calls = []
+        # a pre-hook: torch's recomputation stops once it has what the backward needs, before any post-hook
+        block.register_forward_pre_hook(lambda *_: calls.append(1))
         depth = OdeDepth(block, num_layers=3, method=method)
         depth.set_grad_checkpointing(ckpt)
         out, _ = depth(x, GRID)
+        forward_calls = len(calls)
         out.sum().backward()
+        # checkpointing keeps no activations inside the block: the backward pass runs the evaluations it needs again
+        # (all of them on a fixed grid; an adaptive solve's last, unused one not)
+        recomputed = len(calls) - forward_calls
+        assert (0 < recomputed <= forward_calls) if ckpt else recomputed == 0
+        assert not ckpt or recomputed == forward_calls or method == 'dopri5'
         grads.append(torch.cat([p.grad.flatten() for p in block.parameters()]))
     torch.testing.assert_close(grads[0], grads[1])
 
