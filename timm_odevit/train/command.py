@@ -21,11 +21,12 @@ import shlex
 import sys
 import time
 from datetime import datetime
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
 import torch
 import torch._inductor
 import torch.distributed as dist
+from torch import nn
 import timm
 from huggingface_hub.utils.sha import sha_fileobj
 from timm.data import create_loader, resolve_data_config
@@ -531,6 +532,107 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
             handler.close()
 
 
+def _data_config(args: argparse.Namespace, model: nn.Module) -> Dict[str, Any]:
+    """The input size, mean and std the run feeds: the trained model's cfg, its built size, ``--img-size``."""
+    # inputs are normalised as the trained model's cfg says; a distillation task re-normalises them for the teacher
+    # (DistillationTeacher.normalize_input), so a teacher trained here by this command sees what it was trained on
+    data_cfg = resolve_data_config({}, model=model)
+    built_size = getattr(getattr(model, 'patch_embed', None), 'img_size', None)
+    if built_size:
+        # a model built with img_size=32 keeps its 224-px pretrained cfg: the built size is what it accepts
+        data_cfg['input_size'] = (args.in_chans, *built_size)
+    if args.img_size:
+        if built_size and tuple(built_size) != (args.img_size, args.img_size):
+            raise ValueError(f'--img-size {args.img_size}: {args.model} was built for {tuple(built_size)} inputs; '
+                             f'build it for this size with --model-kwargs img_size={args.img_size}.')
+        data_cfg['input_size'] = (args.in_chans, args.img_size, args.img_size)
+    data_cfg['mean'], data_cfg['std'] = input_stats(args, data_cfg)
+    return data_cfg
+
+
+def _loaders(args: argparse.Namespace, data_cfg: Dict[str, Any], device: torch.device, distributed: bool, rank: int,
+             world: int) -> Tuple[Any, Iterable, Iterable]:
+    """The training split and the two loaders (timm's ``create_loader``, or the splits held on the device)."""
+    mode = 'L' if args.in_chans == 1 else 'RGB'
+    ds_train = build_dataset(args.dataset, args.data_dir, args.train_split, args.train_samples, args.seed, mode)
+    ds_eval = build_dataset(args.dataset, args.data_dir, args.val_split, args.val_samples, args.seed + 1, mode)
+    loader_args = dict(input_size=data_cfg['input_size'], mean=data_cfg['mean'], std=data_cfg['std'],
+                       num_workers=args.workers, distributed=distributed, device=device, use_prefetcher=False,
+                       crop_pct=1.0, persistent_workers=False)
+    loader_train = create_loader(ds_train, batch_size=args.batch_size, is_training=True, no_aug=True, **loader_args)
+    loader_eval = create_loader(ds_eval, batch_size=args.batch_size, is_training=False, **loader_args)
+    if args.data_on_device:
+        # decoded through the transform create_loader gave each split; every rank holds the whole training split and
+        # takes its share of each epoch's permutation, and its own share of the validation split, as loaded above
+        loader_train = DeviceBatches(torch.utils.data.DataLoader(ds_train, batch_size=1024, num_workers=args.workers),
+                                     device, args.batch_size, shuffle=True, seed=args.seed, rank=rank, world=world)
+        loader_eval = DeviceBatches(loader_eval, device, args.batch_size, shuffle=False)
+    return ds_train, loader_train, loader_eval
+
+
+def _train_epoch(task: nn.Module, loader: Iterable, optimizer: torch.optim.Optimizer, scheduler: Any,
+                 args: argparse.Namespace, device: torch.device, epoch: int, num_updates: int, updates_per_epoch: int,
+                 world: int, primary: bool) -> Tuple[Dict[str, float], int, int]:
+    """One epoch of steps: the mean losses, the images seen (all ranks) and the updates done so far."""
+    amp_dtype = torch.bfloat16 if args.amp == 'bf16' else None
+    task.train()
+    # loss sums stay on the device: reading one back every step would stall a GPU's queue
+    loss_sums = {k: torch.zeros((), device=device) for k in ('loss',) + _loss_terms(task)}
+    t0 = time.time()
+    seen = 0
+    for step, (x, y) in enumerate(loader):
+        if step >= updates_per_epoch:
+            break
+        x, y = x.to(device), y.to(device)
+        if args.augment:
+            x = augment_batch(x)
+        with torch.autocast(device.type, dtype=amp_dtype or torch.bfloat16, enabled=amp_dtype is not None):
+            out = task(x, y)
+        optimizer.zero_grad(set_to_none=True)
+        out['loss'].backward()
+        if args.clip_grad:
+            dispatch_clip_grad(task.get_clip_parameters(), args.clip_grad)
+        optimizer.step()
+        num_updates += 1
+        task.update_ema(step=num_updates)
+        scheduler.step_update(num_updates=num_updates)
+        seen += x.shape[0] * world
+        for k, total in loss_sums.items():
+            total += out[k].detach().float() * x.shape[0]
+        if primary and (step % args.log_interval == 0 or step == updates_per_epoch - 1):
+            terms = ' '.join(f'{k} {v:.4f}' for k, v in _means(loss_sums, seen // world).items())
+            _logger.info(f'epoch {epoch} [{step + 1}/{updates_per_epoch}] {terms} '
+                         f"lr {optimizer.param_groups[0]['lr']:.2e} {seen / (time.time() - t0):.1f} img/s")
+    return _means(loss_sums, seen // world), seen, num_updates
+
+
+def _results(args: argparse.Namespace, task: nn.Module, device: torch.device, distributed: bool, world: int,
+             num_epochs: int, output_dir: Optional[str], final: Dict[str, Any], history: List[Dict[str, Any]],
+             loaded_sha256: Dict[str, str]) -> Dict[str, Any]:
+    """The run's record (``results.json``): its final metrics, history, weights' hash per rank and guidance."""
+    digest = _state_digest(task.get_eval_model())
+    digests = [digest]
+    if distributed:
+        # every rank reports its weights' hash: DDP training must leave them bit-identical
+        digests = [None] * world
+        dist.all_gather_object(digests, digest)
+    # a card names the GPU a run trained on
+    device_name = torch.cuda.get_device_name(device) if device.type == 'cuda' else device.type
+    results = {'model': args.model, 'teacher': args.teacher, 'epochs': num_epochs, 'world_size': world,
+               'device_name': device_name,
+               'output_dir': output_dir, 'rank_state_sha256': digests, **final, 'history': history}
+    results.update(loaded_sha256)
+    if isinstance(task, TrajectoryDistillationTask):
+        # the guidance as trained (defaults resolved, times calibrated): the card states it from here
+        results['guidance'] = {'mode': 'trajectory', **task.guidance_summary(),
+                               'teacher_checkpoint_sha256': loaded_sha256.get('teacher_checkpoint_sha256')}
+    elif isinstance(task, LogitDistillationTask):
+        results['guidance'] = {'mode': 'logit', 'kd_temperature': task.temperature,
+                               'weights': {'label': task.task_loss_weight, 'logit_kd': task.distill_loss_weight},
+                               'teacher_checkpoint_sha256': loaded_sha256.get('teacher_checkpoint_sha256')}
+    return results
+
+
 def _train(argv: List[str]) -> Dict[str, Any]:
     args = parse_args(argv)
     global _console_logging
@@ -558,35 +660,9 @@ def _train(argv: List[str]) -> Dict[str, Any]:
             with open(getattr(args, name), 'rb') as f:
                 loaded_sha256[f'{name}_sha256'] = sha_fileobj(f).hex()
     model = unwrap_model(task.get_eval_model())
-    # inputs are normalised as the trained model's cfg says; a distillation task re-normalises them for the teacher
-    # (DistillationTeacher.normalize_input), so a teacher trained here by this command sees what it was trained on
-    data_cfg = resolve_data_config({}, model=model)
-    built_size = getattr(getattr(model, 'patch_embed', None), 'img_size', None)
-    if built_size:
-        # a model built with img_size=32 keeps its 224-px pretrained cfg: the built size is what it accepts
-        data_cfg['input_size'] = (args.in_chans, *built_size)
-    if args.img_size:
-        if built_size and tuple(built_size) != (args.img_size, args.img_size):
-            raise ValueError(f'--img-size {args.img_size}: {args.model} was built for {tuple(built_size)} inputs; '
-                             f'build it for this size with --model-kwargs img_size={args.img_size}.')
-        data_cfg['input_size'] = (args.in_chans, args.img_size, args.img_size)
-    mean, std = input_stats(args, data_cfg)
+    data_cfg = _data_config(args, model)
     random_seed(args.seed, rank)  # per-rank randomness from here on (dropout, augmentation)
-
-    mode = 'L' if args.in_chans == 1 else 'RGB'
-    ds_train = build_dataset(args.dataset, args.data_dir, args.train_split, args.train_samples, args.seed, mode)
-    ds_eval = build_dataset(args.dataset, args.data_dir, args.val_split, args.val_samples, args.seed + 1, mode)
-    loader_args = dict(input_size=data_cfg['input_size'], mean=mean, std=std, num_workers=args.workers,
-                       distributed=distributed, device=device, use_prefetcher=False, crop_pct=1.0,
-                       persistent_workers=False)
-    loader_train = create_loader(ds_train, batch_size=args.batch_size, is_training=True, no_aug=True, **loader_args)
-    loader_eval = create_loader(ds_eval, batch_size=args.batch_size, is_training=False, **loader_args)
-    if args.data_on_device:
-        # decoded through the transform create_loader gave each split; every rank holds the whole training split and
-        # takes its share of each epoch's permutation, and its own share of the validation split, as loaded above
-        loader_train = DeviceBatches(torch.utils.data.DataLoader(ds_train, batch_size=1024, num_workers=args.workers),
-                                     device, args.batch_size, shuffle=True, seed=args.seed, rank=rank, world=world)
-        loader_eval = DeviceBatches(loader_eval, device, args.batch_size, shuffle=False)
+    ds_train, loader_train, loader_eval = _loaders(args, data_cfg, device, distributed, rank, world)
 
     optimizer = create_optimizer_v2(task.get_trainable_module(), opt=args.opt, lr=args.lr,
                                     weight_decay=args.weight_decay)
@@ -644,35 +720,9 @@ def _train(argv: List[str]) -> Dict[str, Any]:
         # each epoch's randomness (data order, augmentation, dropout) depends on the seed and the epoch alone, so a
         # run resumed from an epoch's checkpoint continues bit for bit as the uninterrupted run would have
         random_seed(args.seed + 1000 * epoch, rank)
-        task.train()
-        # loss sums stay on the device: reading one back every step would stall a GPU's queue
-        loss_sums = {k: torch.zeros((), device=device) for k in ('loss',) + _loss_terms(task)}
         t0 = time.time()
-        seen = 0
-        for step, (x, y) in enumerate(loader_train):
-            if step >= updates_per_epoch:
-                break
-            x, y = x.to(device), y.to(device)
-            if args.augment:
-                x = augment_batch(x)
-            with torch.autocast(device.type, dtype=amp_dtype or torch.bfloat16, enabled=amp_dtype is not None):
-                out = task(x, y)
-            optimizer.zero_grad(set_to_none=True)
-            out['loss'].backward()
-            if args.clip_grad:
-                dispatch_clip_grad(task.get_clip_parameters(), args.clip_grad)
-            optimizer.step()
-            num_updates += 1
-            task.update_ema(step=num_updates)
-            scheduler.step_update(num_updates=num_updates)
-            seen += x.shape[0] * world
-            for k, total in loss_sums.items():
-                total += out[k].detach().float() * x.shape[0]
-            if primary and (step % args.log_interval == 0 or step == updates_per_epoch - 1):
-                terms = ' '.join(f'{k} {v:.4f}' for k, v in _means(loss_sums, seen // world).items())
-                _logger.info(f'epoch {epoch} [{step + 1}/{updates_per_epoch}] {terms} '
-                             f"lr {optimizer.param_groups[0]['lr']:.2e} {seen / (time.time() - t0):.1f} img/s")
-        train_losses = _means(loss_sums, seen // world)
+        train_losses, seen, num_updates = _train_epoch(task, loader_train, optimizer, scheduler, args, device, epoch,
+                                                       num_updates, updates_per_epoch, world, primary)
         train_seconds = time.time() - t0
         eval_metrics = _validate(task, loader_eval, device, amp_dtype, distributed)
         scheduler.step(epoch + 1, eval_metrics['top1'])
@@ -690,26 +740,7 @@ def _train(argv: List[str]) -> Dict[str, Any]:
         # nothing left to train (a finished run resumed): its metrics are measured again, never dropped
         eval_metrics = _validate(task, loader_eval, device, amp_dtype, distributed)
     final = {**{k: v for k, v in (history[-1] if history else {}).items() if k != 'epoch'}, **eval_metrics}
-    digest = _state_digest(task.get_eval_model())
-    digests = [digest]
-    if distributed:
-        # every rank reports its weights' hash: DDP training must leave them bit-identical
-        digests = [None] * world
-        dist.all_gather_object(digests, digest)
-    # a card names the GPU a run trained on
-    device_name = torch.cuda.get_device_name(device) if device.type == 'cuda' else device.type
-    results = {'model': args.model, 'teacher': args.teacher, 'epochs': num_epochs, 'world_size': world,
-               'device_name': device_name,
-               'output_dir': output_dir, 'rank_state_sha256': digests, **final, 'history': history}
-    results.update(loaded_sha256)
-    if isinstance(task, TrajectoryDistillationTask):
-        # the guidance as trained (defaults resolved, times calibrated): the card states it from here
-        results['guidance'] = {'mode': 'trajectory', **task.guidance_summary(),
-                               'teacher_checkpoint_sha256': loaded_sha256.get('teacher_checkpoint_sha256')}
-    elif isinstance(task, LogitDistillationTask):
-        results['guidance'] = {'mode': 'logit', 'kd_temperature': task.temperature,
-                               'weights': {'label': task.task_loss_weight, 'logit_kd': task.distill_loss_weight},
-                               'teacher_checkpoint_sha256': loaded_sha256.get('teacher_checkpoint_sha256')}
+    results = _results(args, task, device, distributed, world, num_epochs, output_dir, final, history, loaded_sha256)
     if primary:
         with open(os.path.join(output_dir, 'results.json'), 'w') as f:
             json.dump(results, f, indent=2)
