@@ -117,6 +117,25 @@ class TrajectoryTrainableModule(nn.Module):
         return logits, states, attn
 
 
+def _check_options(state_tokens: str, times: Union[str, Sequence[float]], state_norm: str,
+               distill_end_epoch: Optional[int], kd_temperature: float, weights: Dict[str, float]) -> None:
+    """Refuse a bad option of TrajectoryDistillationTask before any model work, naming it."""
+    if state_tokens not in STATE_TOKENS:
+        raise ValueError(f'state_tokens must be one of {STATE_TOKENS}, got {state_tokens!r}.')
+    if isinstance(times, str) and times not in TIME_RULES:
+        raise ValueError(f'times must be one of {TIME_RULES} or a list of times, got {times!r}.')
+    for name, value in weights.items():
+        if not value >= 0:
+            raise ValueError(f'{name} must be >= 0, got {value}.')
+    if state_norm not in STATE_NORMS:
+        raise ValueError(f'state_norm must be one of {STATE_NORMS}, got {state_norm!r}.')
+    if distill_end_epoch is not None and distill_end_epoch < 1:
+        raise ValueError(f'distill_end_epoch (--distill-end-epoch) must be at least 1, or None for the whole run, '
+                         f'got {distill_end_epoch}.')
+    if not kd_temperature > 0:
+        raise ValueError(f'kd_temperature must be > 0, got {kd_temperature}.')
+
+
 class TrajectoryDistillationTask(TrainingTask):
     """A teacher with ``forward_intermediates`` guides the depth trajectory of a ``DepthVisionTransformer`` student.
 
@@ -186,40 +205,12 @@ class TrajectoryDistillationTask(TrainingTask):
         if not isinstance(student, DepthVisionTransformer):
             raise TypeError(f'The student must be a timm_odevit DepthVisionTransformer (odevit_*, ssog_ode_*, '
                             f'looped_*), got {type(student).__name__}.')
-        if state_tokens not in STATE_TOKENS:
-            raise ValueError(f'state_tokens must be one of {STATE_TOKENS}, got {state_tokens!r}.')
-        if isinstance(times, str) and times not in TIME_RULES:
-            raise ValueError(f'times must be one of {TIME_RULES} or a list of times, got {times!r}.')
-        for name, value in (('state_loss_weight', state_loss_weight), ('attn_loss_weight', attn_loss_weight),
-                            ('kd_loss_weight', kd_loss_weight), ('task_loss_weight', task_loss_weight),
-                            ('jasmin_weight', jasmin_weight)):
-            if not value >= 0:
-                raise ValueError(f'{name} must be >= 0, got {value}.')
-        if state_norm not in STATE_NORMS:
-            raise ValueError(f'state_norm must be one of {STATE_NORMS}, got {state_norm!r}.')
-        if distill_end_epoch is not None and distill_end_epoch < 1:
-            raise ValueError(f'distill_end_epoch (--distill-end-epoch) must be at least 1, or None for the whole run, '
-                             f'got {distill_end_epoch}.')
-        if not kd_temperature > 0:
-            raise ValueError(f'kd_temperature must be > 0, got {kd_temperature}.')
+        _check_options(state_tokens, times, state_norm, distill_end_epoch, kd_temperature, dict(
+            state_loss_weight=state_loss_weight, attn_loss_weight=attn_loss_weight, kd_loss_weight=kd_loss_weight,
+            task_loss_weight=task_loss_weight, jasmin_weight=jasmin_weight))
 
-        if isinstance(teacher_model, DistillationTeacher):
-            teacher = teacher_model
-        else:
-            teacher = DistillationTeacher(
-                teacher_model, num_classes=student.num_classes, in_chans=student.in_chans,
-                pretrained_path=teacher_pretrained_path, device=self.device, dtype=self.dtype)
-        # a teacher given as a module may sit on another device: the probe below and every step run on the task's
-        teacher.to(device=self.device)
-        t_model = unwrap_model(teacher.model)
-        if not callable(getattr(t_model, 'forward_intermediates', None)):
-            raise TypeError(f'The teacher ({type(t_model).__name__}) has no forward_intermediates(): trajectory '
-                            'distillation needs its block outputs. Use a timm ViT-family model.')
-        # the teacher is a fixed target: no gradients, no optimizer, no train-mode behaviour (dropout, BN stats)
-        for p in teacher.parameters():
-            p.requires_grad_(False)
-        teacher.eval()
-        self.teacher = teacher
+        self.teacher = self._fixed_teacher(teacher_model, student, teacher_pretrained_path)
+        t_model = unwrap_model(self.teacher.model)
         self.criterion = resolve_classification_loss(criterion, self.device, criterion_kwargs=criterion_kwargs)
 
         self.teacher_indices = teacher_indices
@@ -243,7 +234,51 @@ class TrajectoryDistillationTask(TrainingTask):
         self.register_buffer('student_mean', mean.view(1, -1, 1, 1), persistent=False)
         self.register_buffer('student_std', std.view(1, -1, 1, 1), persistent=False)
 
-        # --- what each side can give: probe the teacher once on a blank image of the student's size
+        num_targets, t_width = self._probe_teacher(student, t_model, state_tokens, attn_loss_weight, jasmin_weight,
+                                                   kd_loss_weight)
+        self.num_targets = num_targets
+
+        self._place_targets(student, t_model, times, num_targets, calibration_input)
+
+        # --- plug-and-play start and the width adapter
+        parts = COPYABLE_PARTS if init_from_teacher is True else tuple(init_from_teacher or ())
+        self.copied_params = copy_from_teacher(student, t_model, parts, freeze=freeze_copied) if parts else []
+        s_width = student.embed_dim
+        projection = None
+        if s_width != t_width and state_loss_weight > 0:
+            # only when used: DDP rejects parameters that never receive a gradient
+            projection = nn.Linear(s_width, t_width, device=self.device, dtype=self.dtype)
+        self.trainable_module = TrajectoryTrainableModule(student_model, projection, state_tokens)
+        if self.verbose:
+            shown = 'after calibration' if self.target_times is None else self.target_times.tolist()
+            _logger.info(f'TrajectoryDistillationTask: {num_targets} teacher targets at times {shown} (rule '
+                         f'{self.time_rule}), widths {s_width}->{t_width}, copied {self.copied_params}')
+
+    def _fixed_teacher(self, teacher_model: Union[str, nn.Module, DistillationTeacher], student: nn.Module,
+                       teacher_pretrained_path: Optional[str]) -> DistillationTeacher:
+        """The teacher on the task's device, frozen and in eval mode."""
+        if isinstance(teacher_model, DistillationTeacher):
+            teacher = teacher_model
+        else:
+            teacher = DistillationTeacher(
+                teacher_model, num_classes=student.num_classes, in_chans=student.in_chans,
+                pretrained_path=teacher_pretrained_path, device=self.device, dtype=self.dtype)
+        # a teacher given as a module may sit on another device: the probe below and every step run on the task's
+        teacher.to(device=self.device)
+        t_model = unwrap_model(teacher.model)
+        if not callable(getattr(t_model, 'forward_intermediates', None)):
+            raise TypeError(f'The teacher ({type(t_model).__name__}) has no forward_intermediates(): trajectory '
+                            'distillation needs its block outputs. Use a timm ViT-family model.')
+        # the teacher is a fixed target: no gradients, no optimizer, no train-mode behaviour (dropout, BN stats)
+        for p in teacher.parameters():
+            p.requires_grad_(False)
+        teacher.eval()
+        return teacher
+
+    def _probe_teacher(self, student: nn.Module, t_model: nn.Module, state_tokens: str, attn_loss_weight: float,
+                       jasmin_weight: float, kd_loss_weight: float) -> Tuple[int, int]:
+        """What each side can give, from the teacher run once on a blank image of the student's size: the number of
+        targets and the teacher's width; a loss term one side cannot feed fails here."""
         if not (_has_cls(student) and _has_cls(t_model)):
             raise ValueError('Trajectory distillation matches CLS states: teacher and student both need a class token.')
         self.teacher_prefix_tokens = _num_prefix_tokens(t_model)
@@ -262,7 +297,6 @@ class TrajectoryDistillationTask(TrainingTask):
         probe_t = self._teacher_forward(self.teacher.normalize_input(probe, self.student_mean, self.student_std),
                                         need_attn=attn_loss_weight > 0)
         num_targets = probe_t['states'].shape[0]
-        self.num_targets = num_targets
         t_width = probe_t['states'].shape[-1]
         t_patches = probe_t['patches']
         s_patches = student.patch_embed.num_patches
@@ -274,8 +308,11 @@ class TrajectoryDistillationTask(TrainingTask):
             raise ValueError(f'Logit KD needs the same classes: the teacher predicts {t_classes}, the student '
                              f'{student.num_classes}. Reset the teacher head (--teacher-kwargs num_classes=N) or '
                              'set kd_loss_weight=0 (--kd-weight 0).')
+        return num_targets, t_width
 
-        # --- where the targets sit on the student's depth axis
+    def _place_targets(self, student: nn.Module, t_model: nn.Module, times: Union[str, Sequence[float]],
+                       num_targets: int, calibration_input: Optional[torch.Tensor]) -> None:
+        """Where the targets sit on the student's depth axis (``target_times``; the 'paper' rule calibrates)."""
         self.t_end = trunk_t_end(student)
         self.grid = solver_grid(student)
         self.time_rule = times if isinstance(times, str) else 'list'
@@ -292,20 +329,6 @@ class TrajectoryDistillationTask(TrainingTask):
                 self.calibrate(calibration_input)
         else:
             self.target_times = validate_times(times, num_targets, self.t_end, self.grid)
-
-        # --- plug-and-play start and the width adapter
-        parts = COPYABLE_PARTS if init_from_teacher is True else tuple(init_from_teacher or ())
-        self.copied_params = copy_from_teacher(student, t_model, parts, freeze=freeze_copied) if parts else []
-        s_width = student.embed_dim
-        projection = None
-        if s_width != t_width and state_loss_weight > 0:
-            # only when used: DDP rejects parameters that never receive a gradient
-            projection = nn.Linear(s_width, t_width, device=self.device, dtype=self.dtype)
-        self.trainable_module = TrajectoryTrainableModule(student_model, projection, state_tokens)
-        if self.verbose:
-            shown = 'after calibration' if self.target_times is None else self.target_times.tolist()
-            _logger.info(f'TrajectoryDistillationTask: {num_targets} teacher targets at times {shown} (rule '
-                         f'{self.time_rule}), widths {s_width}->{t_width}, copied {self.copied_params}')
 
     # ---------------------------------------------------------------- teacher side
     @torch.no_grad()
