@@ -267,6 +267,6 @@ def test_steered_option_compiles_and_exports(fresh_dynamo):
 def test_integer_pixels_are_told_to_convert_not_to_cast_the_model():
     """uint8 images (as decoded) cannot meet a float model by a cast of the model: the message says how to convert."""
     model = timm.create_model('ssog_vit_tiny_patch4_32', weight_init='skip')
-    with pytest.raises(ValueError, match='got torch.uint8 pixels. Convert and normalise them') as e:
+    with pytest.raises(ValueError, match=r'got torch.uint8 pixels. Convert them: x = x.to\(torch.float32\) / 255') as e:
         model(torch.randint(0, 256, (1, 3, 32, 32), dtype=torch.uint8))
     assert 'model.to(torch.uint8)' not in str(e.value)
