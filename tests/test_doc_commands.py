@@ -3,9 +3,9 @@
 A ```bash block runs in bash from the repository root, with its own Hugging Face cache; it must exit 0, and a command
 it starts in the background (``&``) must still be running a few seconds later (then it is stopped). A block preceded
 by ``<!-- commands: check: REASON -->`` (hours of training, a GPU, timm's scripts from a clone, a command that
-rewrites committed files) runs in the same bash, as written, with ``python``, ``torchrun``, ``pip`` and ``bash``
-replaced by tests/doc_commands.py (and `git` too: `git show` runs, it only reads), which checks each call's arguments with the command's own parser instead of
-running it (docs/testing.md)."""
+rewrites committed files) runs in the same bash, as written, with ``python``, ``torchrun``, ``pip``, ``bash`` and
+``git`` replaced by tests/doc_commands.py, which checks each call's arguments with the command's own parser instead
+of running it (``git show`` runs: it only reads; docs/testing.md)."""
 import os
 import re
 import stat

@@ -73,12 +73,12 @@ def trained_solver(model_kwargs: Optional[Dict[str, Any]]) -> Dict[str, Any]:
 def architecture_solver(arch: str, model: nn.Module) -> Optional[Dict[str, Any]]:
     """``set_solver`` options of ``arch``'s registered default when ``model`` (an ODE model) is solved otherwise;
     None for a discrete model or one at its architecture's default."""
-    if ode_trunk(model) is None:
+    trunk = ode_trunk(model)
+    if trunk is None:
         return None
-    default = {k: v for k, v in ode_trunk(timm.create_model(arch, device='meta')).solver_options().items()
-               if k in DISCRETISATION_OPTIONS}
-    now = {k: v for k, v in ode_trunk(model).solver_options().items() if k in DISCRETISATION_OPTIONS}
-    return None if now == default else default
+    default = ode_trunk(timm.create_model(arch, device='meta')).solver_options()
+    default = {k: default[k] for k in DISCRETISATION_OPTIONS}
+    return None if all(trunk.solver_options()[k] == v for k, v in default.items()) else default
 
 
 def stored_dtype(path: Path) -> torch.dtype:

@@ -17,8 +17,8 @@ from typing import Any, Dict, Iterator, List, NamedTuple, Optional, Sequence, Tu
 
 from ..models.families import SETTINGS, model_name
 
-__all__ = ['RUN_OPTIONS', 'STUDY_PAIRS', 'StudyPair', 'StudyRecipe', 'Run', 'study_runs', 'run_dir', 'is_done', 'train_command',
-           'run_study']
+__all__ = ['RUN_OPTIONS', 'STUDY_PAIRS', 'StudyPair', 'StudyRecipe', 'Run', 'study_runs', 'run_dir', 'is_done',
+           'train_command', 'run_study']
 
 _logger = logging.getLogger(__name__)
 
