@@ -21,7 +21,7 @@ from setuptools.command.sdist import sdist
 
 HERE = Path(__file__).resolve().parent
 SRC = HERE / 'timm_odevit' / '_autoload.py'
-DEMO = HERE / 'timm_odevit' / 'hub' / 'demo.py'
+DEMO = HERE / 'timm_odevit_tools' / 'hub' / 'demo.py'
 
 
 def _consts(path: Path = SRC) -> dict:

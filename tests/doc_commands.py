@@ -60,13 +60,13 @@ def check_committed_files(args: Sequence[str]) -> None:
 
 
 def check_training(args: List[str]) -> None:
-    from timm_odevit.train.command import parse_args
+    from timm_odevit_tools.train.command import parse_args
     parse_args(args, files=False)
 
 
 def check_guidance(ns: argparse.Namespace) -> None:
-    from timm_odevit.study.guidance import guidance_setup
-    from timm_odevit.train.command import parse_args
+    from experiments.study.guidance import guidance_setup
+    from timm_odevit_tools.train.command import parse_args
     guidance_setup(ns.student, ns.teacher, ns.guide, ns.model_kwargs, ns.train_options)
     guided = ['--model', ns.student, '--model-kwargs', *ns.model_kwargs, *shlex.split(ns.train_options),
               '--teacher', *shlex.split(ns.teacher), *shlex.split(ns.guide)]
@@ -99,7 +99,7 @@ def check_module(module: str, args: List[str]) -> None:
         return
     if not module.startswith('timm_odevit'):
         fail(f'-m {module}: not a module of this project')
-    if module == 'timm_odevit.train':
+    if module == 'timm_odevit_tools.train':
         return check_training(args)
     if module == 'timm_odevit.run':
         if not args or Path(args[0]).name not in TIMM_SCRIPTS:
@@ -107,7 +107,7 @@ def check_module(module: str, args: List[str]) -> None:
         return check_timm_script(args[0], args[1:])
     sys.argv = [module] + args
     ns = parse_only(lambda: runpy.run_module(module, run_name='__main__', alter_sys=True), f'python -m {module}')
-    if module == 'timm_odevit.study' and ns.cmd == 'guidance':
+    if module == 'experiments.study' and ns.cmd == 'guidance':
         check_guidance(ns)
 
 

@@ -10,9 +10,9 @@ import sys
 import pytest
 import torch
 
-from timm_odevit.benchmark import runner
-from timm_odevit.benchmark.__main__ import main
-from timm_odevit.benchmark.runner import (
+from timm_odevit_tools.benchmark import runner
+from timm_odevit_tools.benchmark.__main__ import main
+from timm_odevit_tools.benchmark.runner import (
     CSV_COLUMNS, NOT_MEASURED, VARIANTS, BenchmarkConfigError, Case, LiveStorageTracker, ratio_rows, validate,
 )
 from timm_odevit.layers import MultiHeadAttention, SeparableGaussianMixer
@@ -339,7 +339,7 @@ def test_gpu_weights_script_dry_run(tmp_path):
     """examples/gpu/fmnist_weights.py end to end on the CPU, one run on the bundled sample: calibration, the epochs
     and EMA decay it fits, the training command, the packed run folder a GPU call brings back."""
     import tarfile
-    from timm_odevit.data import SAMPLE_DIR
+    from timm_odevit_tools.data import SAMPLE_DIR
     out, work = tmp_path / 'out', tmp_path / 'work'
     env = dict(os.environ, OMP_NUM_THREADS='1', PYTHONPATH=ROOT)
     proc = subprocess.run([sys.executable, os.path.join(ROOT, 'examples', 'gpu', 'fmnist_weights.py'), str(out),

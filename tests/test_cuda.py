@@ -6,7 +6,7 @@ import timm
 import torch
 
 import timm_odevit  # noqa: F401  (registers the models)
-from timm_odevit.benchmark.runner import Case, measure_memory
+from timm_odevit_tools.benchmark.runner import Case, measure_memory
 from timm_odevit.models.families import FAMILIES, model_name
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason='needs a CUDA device')

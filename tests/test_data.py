@@ -144,11 +144,11 @@ def test_cache_prepared_by_concurrent_processes(tmp_path):
 
 
 def test_layout_command_runs_clean(tmp_path):
-    """``python -m timm_odevit.data layout``, as the docs give it: the layout, and no warning that the module the
+    """``python -m timm_odevit_tools.data layout``, as the docs give it: the layout, and no warning that the module the
     models import ran twice (runpy's RuntimeWarning, when the command lived in the package's own module)."""
     import subprocess
     import sys
-    proc = subprocess.run([sys.executable, '-W', 'error::RuntimeWarning', '-m', 'timm_odevit.data', 'layout',
+    proc = subprocess.run([sys.executable, '-W', 'error::RuntimeWarning', '-m', 'timm_odevit_tools.data', 'layout',
                            '--src', str(fm.SAMPLE_DIR), '--root', str(tmp_path)], capture_output=True, text=True)
     assert proc.returncode == 0 and 'RuntimeWarning' not in proc.stderr, proc.stderr[-2000:]
     assert 'FashionMNIST/raw ready' in proc.stdout

@@ -20,7 +20,7 @@ from timm_odevit.distill import (
     LOSS_KEYS, TrajectoryDistillationTask, cls_distances, copy_from_teacher, indices_to_times, jasmin_loss,
     paper_times, solver_grid, uniform_times,
 )
-from timm_odevit.train import main as train_main
+from timm_odevit_tools.train import main as train_main
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SMALL_TEACHER = dict(img_size=32, patch_size=4, depth=3, num_classes=10)
@@ -308,7 +308,7 @@ def test_torchrun_two_ranks_end_identical(image_folder, tmp_path):
         s.bind(('127.0.0.1', 0))
         port = s.getsockname()[1]
     cmd = [sys.executable, '-m', 'torch.distributed.run', '--nproc_per_node', '2', '--master_port', str(port),
-           '-m', 'timm_odevit.train', *command(image_folder, str(tmp_path), '--epochs', '1',
+           '-m', 'timm_odevit_tools.train', *command(image_folder, str(tmp_path), '--epochs', '1',
                                                 '--max-steps-per-epoch', '2', '--times', 'paper', '--model-ema')]
     proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-4000:]
@@ -343,7 +343,7 @@ def test_run_records_its_teachers_weights_by_hash_and_the_card_names_it(image_fo
     """A guided run's record keeps the sha256 of its --teacher-checkpoint, and the card's teacher line names it: the
     path may hold other weights by the time anyone re-measures the student against its teacher."""
     import hashlib
-    from timm_odevit.hub.card import guidance_line
+    from timm_odevit_tools.hub.card import guidance_line
     teacher = tmp_path / 'teacher.pth'
     model = timm.create_model('vit_tiny_patch16_224', img_size=32, patch_size=4, depth=3, num_classes=3)
     torch.save(model.state_dict(), teacher)
@@ -477,7 +477,7 @@ def test_command_state_norm_schedule_and_kd_default(image_folder, tmp_path):
     """--state-norm and --distill-end-epoch reach the task, whose state norm defaults to LayerNorm in the command and
     the task alike; logit KD is on by default when the teacher classifies into the student's classes (its logits
     then mean something for the student)."""
-    from timm_odevit.train.command import build_task, parse_args
+    from timm_odevit_tools.train.command import build_task, parse_args
     assert build_task(parse_args(command(image_folder, str(tmp_path))), torch.device('cpu')).state_norm == 'layernorm'
     assert TrajectoryDistillationTask(make_student(), make_teacher(), verbose=False).state_norm == 'layernorm'
     args = parse_args(command(image_folder, str(tmp_path), '--state-norm', 'cosine', '--distill-end-epoch', '3'))
@@ -493,7 +493,7 @@ def test_command_keeps_initial_checkpoint_weights_whole(image_folder, tmp_path):
     the teacher's are copied into a fresh student only."""
     import timm
     from safetensors.torch import save_file
-    from timm_odevit.train.command import build_task, parse_args
+    from timm_odevit_tools.train.command import build_task, parse_args
     fresh = build_task(parse_args(command(image_folder, str(tmp_path))), torch.device('cpu'))
     assert 'patch_embed.proj.weight' in fresh.guidance_summary()['copied_from_teacher']
     torch.manual_seed(1)
@@ -511,7 +511,7 @@ def test_command_keeps_initial_checkpoint_weights_whole(image_folder, tmp_path):
 def test_command_attention_term_defaults_off_for_a_teacher_without_maps(image_folder, tmp_path):
     """An SSoG teacher has no attention maps: the CLS-attention term defaults to 0 (JaSMin, on the student's own
     maps, stays on); asked for explicitly, it is refused with the reason."""
-    from timm_odevit.train.command import build_task, parse_args
+    from timm_odevit_tools.train.command import build_task, parse_args
     argv = command(image_folder, str(tmp_path))
     i = argv.index('--teacher')
     argv[i + 1] = 'ssog_vit_tiny_patch4_32'
@@ -536,8 +536,8 @@ def test_command_logit_kd_from_a_cnn_teacher(image_folder, tmp_path):
     """--distill logit: timm's LogitDistillationTask with the command's KD options; the teacher stays as loaded, the
     record and the card say logit KD, and the per-epoch summary logs the two terms."""
     from timm.task import LogitDistillationTask
-    from timm_odevit.hub.card import guidance_line
-    from timm_odevit.train.command import build_task, parse_args
+    from timm_odevit_tools.hub.card import guidance_line
+    from timm_odevit_tools.train.command import build_task, parse_args
     torch.manual_seed(0)
     cnn = timm.create_model('resnet10t', num_classes=3)
     teacher = tmp_path / 'cnn.pth'
@@ -561,7 +561,7 @@ def test_command_logit_kd_from_a_cnn_teacher(image_folder, tmp_path):
 def test_command_refuses_what_a_distillation_mode_cannot_do(image_folder, tmp_path, capsys):
     """A CNN teacher cannot guide a trajectory (no class token): the error points to --distill logit; logit KD
     refuses the trajectory options (they would be silently ignored) and a teacher of other classes."""
-    from timm_odevit.train.command import build_task, parse_args
+    from timm_odevit_tools.train.command import build_task, parse_args
     with pytest.raises(ValueError, match='Use --distill logit'):
         build_task(parse_args(logit_command(image_folder, str(tmp_path))), torch.device('cpu'))
     with pytest.raises(SystemExit):

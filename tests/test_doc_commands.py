@@ -107,13 +107,13 @@ def test_pages_have_commands_of_both_kinds():
 
 
 @pytest.mark.parametrize('body,problem', [
-    ('python -m timm_odevit.train --model dense_vit_tiny_patch4_32 --lr=-1', '--lr must be'),
-    ('python -m timm_odevit.train --model dense_vit_tiny_patch4_32 --no-such-option', 'unrecognized arguments'),
-    ('python -m timm_odevit.train --model dense_vit_tiny --initial-checkpoint weights/nope/model.safetensors',
+    ('python -m timm_odevit_tools.train --model dense_vit_tiny_patch4_32 --lr=-1', '--lr must be'),
+    ('python -m timm_odevit_tools.train --model dense_vit_tiny_patch4_32 --no-such-option', 'unrecognized arguments'),
+    ('python -m timm_odevit_tools.train --model dense_vit_tiny --initial-checkpoint weights/nope/model.safetensors',
      'weights/nope/model.safetensors: no such file'),
-    ('python -m timm_odevit.hub verfy --root weights', "invalid choice: 'verfy'"),
-    ('for m in odevit_tiny no_such_model; do python -m timm_odevit.train --model $m & done', 'timm knows no such'),
-    ('python -m timm_odevit.study guidance --teacher dense_vit_tiny --train-options "--epochs 3"', 'sets'),
+    ('python -m timm_odevit_tools.hub verfy --root weights', "invalid choice: 'verfy'"),
+    ('for m in odevit_tiny no_such_model; do python -m timm_odevit_tools.train --model $m & done', 'timm knows no such'),
+    ('python -m experiments.study guidance --teacher dense_vit_tiny --train-options "--epochs 3"', 'sets'),
     ('python -m timm_odevit.run validate.py --model no_such_model --pretrained', 'not a registered model'),
     ('python train.py -c examples/no_such.yaml', 'no such file'),
     ('pip install torch .', 'not what .ci/run installs'),
@@ -125,9 +125,9 @@ def test_checked_commands_fail_on_a_wrong_command(body, problem, tmp_path):
 
 def test_checked_commands_pass_a_right_one(tmp_path):
     body = ('for arch in dense_vit_tiny_patch4_32 ssog_vit_tiny_patch4_32; do\n'
-            '    OMP_NUM_THREADS=1 python -m timm_odevit.train --model $arch --initial-checkpoint '
+            '    OMP_NUM_THREADS=1 python -m timm_odevit_tools.train --model $arch --initial-checkpoint '
             'weights/$arch.fmnist/model.safetensors --epochs 2 &\ndone\n'
-            'python -m timm_odevit.hub export results/x/last.pth.tar --tag fmnist --root weights\n')
+            'python -m timm_odevit_tools.hub export results/x/last.pth.tar --tag fmnist --root weights\n')
     proc = run_checked(body, tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
 

@@ -20,8 +20,8 @@ from typing import Callable, Dict, List, Tuple
 
 import pytest
 
-from timm_odevit.hub.demo import hub_env
-from timm_odevit.hub.server import HubMirror
+from timm_odevit_tools.hub.demo import hub_env
+from timm_odevit_tools.hub.server import HubMirror
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 README = REPO_ROOT / 'README.md'
@@ -35,7 +35,7 @@ _CHECK = re.compile(r'^(?P<indent>\s*)(?P<expr>.+?)\s+# -> (?P<want>.+?)\s*$')
 
 
 def _study_report() -> str:
-    from timm_odevit.study.report import write_report
+    from experiments.study.report import write_report
     import tempfile
     # write_report also writes files: regenerate into a copy of the committed study folder
     with tempfile.TemporaryDirectory() as tmp:
@@ -51,7 +51,7 @@ STATE_NORM_VARIANTS = ('results/guidance_t90_layernorm', 'results/guidance_t90_g
 
 def _guidance_variants(dirs: Tuple[str, ...]) -> Callable[[], str]:
     def gen() -> str:
-        from timm_odevit.study.guidance import guidance_variants
+        from experiments.study.guidance import guidance_variants
         return guidance_variants([REPO_ROOT / d for d in dirs])
     return gen
 
@@ -63,7 +63,7 @@ def _committed(rel: str) -> Callable[[], str]:
 
 def _zoo(table: str) -> Callable[[], str]:
     def gen() -> str:
-        from timm_odevit.zoo import TABLES
+        from timm_odevit_tools.zoo import TABLES
         from timm_odevit.models.families import SIZES
         return TABLES[table](list(SIZES)) if table in ('params', 'reduction') else TABLES[table]()
     return gen
@@ -71,7 +71,7 @@ def _zoo(table: str) -> Callable[[], str]:
 
 def _weights(kind: str) -> Callable[[], str]:
     def gen() -> str:
-        from timm_odevit.hub.table import guided_table, learning_curves, matched_table, steered_table, weights_table
+        from experiments.tables import guided_table, learning_curves, matched_table, steered_table, weights_table
         if kind == 'curves':
             return learning_curves(REPO_ROOT / 'results' / 'weights')
         if kind == 'steered':
@@ -83,33 +83,33 @@ def _weights(kind: str) -> Callable[[], str]:
 
 # command named in a page's table marker -> the function that command runs (same arguments)
 GENERATORS: Dict[str, Callable[[], str]] = {
-    'python -m timm_odevit.zoo grid': _zoo('grid'),
-    'python -m timm_odevit.zoo params': _zoo('params'),
-    'python -m timm_odevit.zoo reduction': _zoo('reduction'),
-    'python -m timm_odevit.zoo paper': _zoo('paper'),
-    'python -m timm_odevit.hub table --root weights': _weights('weights'),
-    'python -m timm_odevit.hub table --kind matched --root weights': _weights('matched'),
-    'python -m timm_odevit.hub table --kind guided --root weights': _weights('guided'),
-    'python -m timm_odevit.hub table --kind steered --logs results/weights --root weights': _weights('steered'),
-    'python -m timm_odevit.hub table --kind curves --logs results/weights': _weights('curves'),
-    'python -m timm_odevit.study report': _study_report,
-    'python -m timm_odevit.study elasticity (writes results/fmnist_study/elasticity.md)':
+    'python -m timm_odevit_tools.zoo grid': _zoo('grid'),
+    'python -m timm_odevit_tools.zoo params': _zoo('params'),
+    'python -m timm_odevit_tools.zoo reduction': _zoo('reduction'),
+    'python -m timm_odevit_tools.zoo paper': _zoo('paper'),
+    'python -m experiments.weights table --root weights': _weights('weights'),
+    'python -m experiments.weights table --kind matched --root weights': _weights('matched'),
+    'python -m experiments.weights table --kind guided --root weights': _weights('guided'),
+    'python -m experiments.weights table --kind steered --logs results/weights --root weights': _weights('steered'),
+    'python -m experiments.weights table --kind curves --logs results/weights': _weights('curves'),
+    'python -m experiments.study report': _study_report,
+    'python -m experiments.study elasticity (writes results/fmnist_study/elasticity.md)':
         _committed('results/fmnist_study/elasticity.md'),
-    'python -m timm_odevit.hub elasticity --root weights --looped-as-ode (writes results/weights/elasticity.md)':
+    'python -m experiments.weights elasticity --root weights --looped-as-ode (writes results/weights/elasticity.md)':
         _committed('results/weights/elasticity.md'),
-    'python -m timm_odevit.hub trajectory --root weights (writes results/weights/trajectory.md)':
+    'python -m experiments.weights trajectory --root weights (writes results/weights/trajectory.md)':
         _committed('results/weights/trajectory.md'),
-    'python -m timm_odevit.study guidance-report (writes results/guidance/guidance.md)':
+    'python -m experiments.study guidance-report (writes results/guidance/guidance.md)':
         _committed('results/guidance/guidance.md'),
-    'python -m timm_odevit.study guidance-report --out-dir results/guidance_noinit '
+    'python -m experiments.study guidance-report --out-dir results/guidance_noinit '
     '(writes results/guidance_noinit/guidance.md)': _committed('results/guidance_noinit/guidance.md'),
-    'python -m timm_odevit.study guidance-report --out-dir results/guidance_full --full-test '
+    'python -m experiments.study guidance-report --out-dir results/guidance_full --full-test '
     '(writes results/guidance_full/guidance.md)': _committed('results/guidance_full/guidance.md'),
-    f'python -m timm_odevit.study guidance-variants --out-dirs {" ".join(GUIDANCE_VARIANTS)}':
+    f'python -m experiments.study guidance-variants --out-dirs {" ".join(GUIDANCE_VARIANTS)}':
         _guidance_variants(GUIDANCE_VARIANTS),
-    f'python -m timm_odevit.study guidance-variants --out-dirs {" ".join(STATE_NORM_VARIANTS)}':
+    f'python -m experiments.study guidance-variants --out-dirs {" ".join(STATE_NORM_VARIANTS)}':
         _guidance_variants(STATE_NORM_VARIANTS),
-    'python -m timm_odevit.study guidance-report --out-dir results/guidance_t90_gram '
+    'python -m experiments.study guidance-report --out-dir results/guidance_t90_gram '
     '(writes results/guidance_t90_gram/guidance.md)': _committed('results/guidance_t90_gram/guidance.md'),
 }
 
@@ -146,8 +146,8 @@ def test_pages_count_the_registered_models():
 
 def test_every_generated_table_is_known():
     found = _tables()
-    assert {c for _, c, _ in found} >= {'python -m timm_odevit.zoo grid', 'python -m timm_odevit.zoo params',
-                                        'python -m timm_odevit.hub table --root weights'}
+    assert {c for _, c, _ in found} >= {'python -m timm_odevit_tools.zoo grid', 'python -m timm_odevit_tools.zoo params',
+                                        'python -m experiments.weights table --root weights'}
     unknown = [(_rel(p), c) for p, c, _ in found if c not in GENERATORS]
     assert not unknown, f'tables with no registered generator: {unknown}'
     # a block that swallows the next one (an empty body matches up to a later end marker) hides that one's check
@@ -170,10 +170,10 @@ def test_generated_table_equals_its_generator(cmd):
 
 
 def test_zoo_command_prints_its_table():
-    r = subprocess.run([sys.executable, '-m', 'timm_odevit.zoo', 'grid'], capture_output=True, text=True,
+    r = subprocess.run([sys.executable, '-m', 'timm_odevit_tools.zoo', 'grid'], capture_output=True, text=True,
                        timeout=300, cwd=str(REPO_ROOT))
     assert r.returncode == 0, r.stderr
-    assert r.stdout.strip() == GENERATORS['python -m timm_odevit.zoo grid']().strip()
+    assert r.stdout.strip() == GENERATORS['python -m timm_odevit_tools.zoo grid']().strip()
 
 
 def _links(page: Path) -> List[str]:

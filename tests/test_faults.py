@@ -56,7 +56,7 @@ def test_dead_hub_endpoint_fails_at_once_naming_the_way_out(tmp_path, kind, sile
     proc = _create(tmp_path, 'ssog_ode_tiny_patch4_32.fmnist', HF_ENDPOINT=endpoint)
     last = _last_line(proc)
     assert proc.returncode != 0 and last.startswith('RuntimeError'), proc.stderr[-2000:]
-    for phrase in (f'HF_ENDPOINT={endpoint} does not answer', 'python -m timm_odevit.hub serve', 'local-dir:'):
+    for phrase in (f'HF_ENDPOINT={endpoint} does not answer', 'python -m timm_odevit_tools.hub serve', 'local-dir:'):
         assert phrase in last, last
     assert ('no answer within 2 s' in last) == (kind == 'silent_server')
 
@@ -82,7 +82,7 @@ def test_dead_hub_endpoint_through_the_launcher_fails_at_once_naming_the_way_out
     last = _last_line(proc)
     assert proc.returncode != 0 and last.startswith('RuntimeError'), proc.stderr[-2000:]
     port = endpoint.rsplit(':', 1)[1]
-    for phrase in (f'HF_ENDPOINT={endpoint} does not answer', f'python -m timm_odevit.hub serve --port {port}',
+    for phrase in (f'HF_ENDPOINT={endpoint} does not answer', f'python -m timm_odevit_tools.hub serve --port {port}',
                    'local-dir:'):
         assert phrase in last, last
 
@@ -116,7 +116,7 @@ def test_no_hub_and_no_installed_copy_names_the_way_out(tmp_path):
                    prelude='import timm_odevit.models.pretrained as p; p.local_weights_roots = lambda: []')
     last = _last_line(proc)
     assert proc.returncode != 0 and last.startswith('RuntimeError')
-    for phrase in ('not on huggingface.co yet', 'python -m timm_odevit.hub serve', 'HF_ENDPOINT', 'local-dir:'):
+    for phrase in ('not on huggingface.co yet', 'python -m timm_odevit_tools.hub serve', 'HF_ENDPOINT', 'local-dir:'):
         assert phrase in last, last
 
 
@@ -126,7 +126,7 @@ def test_mirror_on_a_busy_or_invalid_port_says_so_in_one_line(tmp_path, port, me
         taken.bind(('127.0.0.1', 0))
         taken.listen(1)
         number = str(taken.getsockname()[1]) if port == 'busy' else port
-        proc = subprocess.run([sys.executable, '-m', 'timm_odevit.hub', 'serve', '--port', number, '--duration', '1'],
+        proc = subprocess.run([sys.executable, '-m', 'timm_odevit_tools.hub', 'serve', '--port', number, '--duration', '1'],
                               env=_env(tmp_path), capture_output=True, text=True, timeout=FAST, cwd=REPO_ROOT)
     assert proc.returncode == 2, proc.stderr[-2000:]
     lines = proc.stderr.strip().splitlines()
@@ -155,7 +155,7 @@ def test_mirror_on_a_busy_or_invalid_port_says_so_in_one_line(tmp_path, port, me
     (['--time-indices', '1,x'], "--time-indices must be comma-separated integers (3,6,12), got '1,x'"),
 ])
 def test_training_options_out_of_range_refused_before_any_work(argv, message, capsys):
-    from timm_odevit.train.command import parse_args
+    from timm_odevit_tools.train.command import parse_args
     if message is None:
         assert parse_args(argv).clip_grad == float('inf')
         return
@@ -166,7 +166,7 @@ def test_training_options_out_of_range_refused_before_any_work(argv, message, ca
 
 
 def test_a_subset_larger_than_its_split_is_refused_naming_the_split_size():
-    from timm_odevit.data import SAMPLE_DIR, build_dataset
+    from timm_odevit_tools.data import SAMPLE_DIR, build_dataset
     with pytest.raises(ValueError, match=r"100000000 samples asked for, but the 'test' split .* holds 1000: ask for "
                                          r'at most 1000'):
         build_dataset('fashion_mnist', SAMPLE_DIR, 'test', num_samples=100_000_000)
@@ -193,7 +193,7 @@ def test_truncated_weights_in_a_local_dir_name_the_folder(tmp_path):
 @pytest.mark.parametrize('damage', ['truncated', 'flipped_byte', 'not_a_checkpoint'])
 def test_damaged_checkpoints_are_refused_before_any_work_naming_the_file(tmp_path, option, damage, capsys):
     import torch
-    from timm_odevit.train.command import parse_args
+    from timm_odevit_tools.train.command import parse_args
     path = tmp_path / 'checkpoint-0.pth.tar'
     torch.save({'state_dict': {'w': torch.arange(4096.)}, 'epoch': 0}, path)
     if damage == 'truncated':
@@ -225,9 +225,9 @@ def _snapshot(folder: Path) -> dict:
 
 def test_full_disk_while_saving_a_checkpoint_names_the_last_good_one_and_resume_succeeds(tmp_path, monkeypatch):
     import torch
-    from timm_odevit.data import SAMPLE_DIR
-    from timm_odevit.files import WriteFailed
-    from timm_odevit.train.command import main
+    from timm_odevit_tools.data import SAMPLE_DIR
+    from timm_odevit_tools.files import WriteFailed
+    from timm_odevit_tools.train.command import main
     monkeypatch.setenv('XDG_CACHE_HOME', str(tmp_path / 'cache'))
     run = tmp_path / 'out' / 'run'
     argv = ['--data-dir', str(SAMPLE_DIR), '--train-split', 'test', '--model', 'ssog_vit_tiny_patch4_32',
@@ -259,8 +259,8 @@ def test_full_disk_while_saving_a_checkpoint_names_the_last_good_one_and_resume_
 
 def test_full_disk_while_exporting_changes_nothing_and_a_retry_succeeds(tmp_path, monkeypatch):
     import timm
-    from timm_odevit.files import WriteFailed
-    from timm_odevit.hub import export as ex
+    from timm_odevit_tools.files import WriteFailed
+    from timm_odevit_tools.hub import export as ex
     root = tmp_path / 'weights'
     model = timm.create_model('ssog_ode_tiny_patch4_32', num_classes=10, in_chans=1)
     ex.export(model, 'ssog_ode_tiny_patch4_32', 'first', str(root))
@@ -283,7 +283,7 @@ def test_full_disk_while_exporting_changes_nothing_and_a_retry_succeeds(tmp_path
 def test_full_disk_while_building_the_data_cache_changes_nothing_and_a_retry_succeeds(tmp_path, monkeypatch):
     import shutil
     from timm_odevit import data as fm
-    from timm_odevit.files import WriteFailed
+    from timm_odevit_tools.files import WriteFailed
     root = tmp_path / 'cache'
     (root / 'keep.txt').parent.mkdir(parents=True)
     (root / 'keep.txt').write_text('a file that was there before\n')
@@ -310,7 +310,7 @@ def test_training_killed_at_random_moments_resumes_to_the_uninterrupted_weights(
     import random
     import signal
     import time
-    from timm_odevit.data import SAMPLE_DIR
+    from timm_odevit_tools.data import SAMPLE_DIR
     env = _env(tmp_path, OMP_NUM_THREADS='1', XDG_CACHE_HOME=str(tmp_path / 'cache'))
 
     def start(folder: str, *extra: str) -> subprocess.Popen:
@@ -318,7 +318,7 @@ def test_training_killed_at_random_moments_resumes_to_the_uninterrupted_weights(
                 '--model-kwargs', 'depth=2', '--train-samples', '64', '--val-samples', '16', '--batch-size', '8',
                 '--max-steps-per-epoch', '8', '--output', str(tmp_path), '--experiment', folder, '--device', 'cpu',
                 '--epochs', '3', '--augment', '--model-ema', '--seed', '3', *extra]
-        return subprocess.Popen([sys.executable, '-m', 'timm_odevit.train', *argv], env=env, cwd=tmp_path,
+        return subprocess.Popen([sys.executable, '-m', 'timm_odevit_tools.train', *argv], env=env, cwd=tmp_path,
                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
 
     whole = start('whole')
@@ -369,8 +369,8 @@ def test_mirror_refusal_reason_stays_one_short_line_however_broken_the_repo(tmp_
     and stays one header line of at most MAX_REASON characters (it was one line per broken file, unbounded)."""
     import shutil
     import urllib.request
-    from timm_odevit.hub import MANIFEST_FILE
-    from timm_odevit.hub.server import _REFUSAL, MAX_REASON, REFUSED_STATUS, HubMirror
+    from timm_odevit_tools.hub import MANIFEST_FILE
+    from timm_odevit_tools.hub.server import _REFUSAL, MAX_REASON, REFUSED_STATUS, HubMirror
     repo = 'ssog_ode_tiny_patch4_32.fmnist'
     root = tmp_path.joinpath(*['w' * 200] * 4)  # a long path: every problem names it
     shutil.copytree(REPO_ROOT / 'weights' / repo, root / repo)

@@ -74,7 +74,7 @@ def test_op_autograd_fake_and_registration(num_prefix, mean):
 def test_fused_path_compiles_into_one_graph_and_is_one_op():
     """The op traces through its fake implementation: one graph under torch.compile(fullgraph=True), and the mixer's
     forward issues three ops: the value projection, the op, the output projection."""
-    from timm_odevit.benchmark.runner import OpCounter
+    from timm_odevit_tools.benchmark.runner import OpCounter
     torch.manual_seed(0)
     mixer = SeparableGaussianMixer(12, 3, learn_offset=True, mixing='fused')
     ref = SeparableGaussianMixer(12, 3, learn_offset=True, mixing='einsum')

@@ -23,12 +23,12 @@ from safetensors.torch import load_file
 import timm
 import timm_odevit  # noqa: F401
 from timm_odevit import data as fm
-from timm_odevit.hub import ORG, MANIFEST_FILE, hub_id
-from timm_odevit.hub.demo import hub_env
+from timm_odevit_tools.hub import ORG, MANIFEST_FILE, hub_id
+from timm_odevit_tools.hub.demo import hub_env
 from timm_odevit.models.pretrained import FMNIST_TAG
-from timm_odevit.hub.server import REFUSED_STATUS, HubMirror, _header_safe
-from timm_odevit.hub.export import stored_dtype
-from timm_odevit.hub.verify import build_manifest, sha256_file, verify_root, write_manifest
+from timm_odevit_tools.hub.server import REFUSED_STATUS, HubMirror, _header_safe
+from timm_odevit_tools.hub.export import stored_dtype
+from timm_odevit_tools.hub.verify import build_manifest, sha256_file, verify_root, write_manifest
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 WEIGHTS = REPO_ROOT / 'weights'
@@ -81,7 +81,7 @@ def mirror():
 def test_weights_folder_is_complete_and_matches_manifest():
     assert REPOS, 'no published weights under weights/'
     manifest = json.loads((WEIGHTS / MANIFEST_FILE).read_text())
-    assert manifest == build_manifest(WEIGHTS), 'weights/MANIFEST.json is stale: run python -m timm_odevit.hub manifest'
+    assert manifest == build_manifest(WEIGHTS), 'weights/MANIFEST.json is stale: run python -m timm_odevit_tools.hub manifest'
     assert all(not errs for errs in verify_root(WEIGHTS).values()), verify_root(WEIGHTS)
     for repo in REPOS:
         names = {p.name for p in (WEIGHTS / repo).iterdir()}
@@ -211,7 +211,7 @@ def test_missing_repo_and_file_raise_hub_errors(mirror, tmp_path):
 _EVAL_CLIENT = """
 import json, sys, timm, timm_odevit
 from timm_odevit import data as fm
-from timm_odevit.evaluate import evaluate
+from timm_odevit_tools.evaluate import evaluate
 model = timm.create_model(sys.argv[1], pretrained=True)
 r = evaluate(model, fm.load_tensors(fm.SAMPLE_DIR, model=model, cache_root=sys.argv[2]))
 print(json.dumps({'correct': r['correct'], 'n': r['n'], 'tag': model.pretrained_cfg.get('tag'),
@@ -228,7 +228,7 @@ def _sample_counts(card: str) -> Tuple[int, int]:
 
 def _card_sample_top1(repo: str) -> Tuple[int, int]:
     card = (WEIGHTS / repo / 'README.md').read_text()
-    for needed in ('Params (M)', 'GMACs', 'License', 'Training recipe', 'python -m timm_odevit.hub evaluate',
+    for needed in ('Params (M)', 'GMACs', 'License', 'Training recipe', 'python -m timm_odevit_tools.hub evaluate',
                    'Fashion-MNIST test set (10,000 images)', 'pretrained=True'):
         assert needed in card, needed
     return _sample_counts(card)
@@ -320,7 +320,7 @@ def test_bad_repo_refused_with_file_and_fix(case, bad_root, tmp_path):
     breaker(bad_root)
     errs = verify_root(bad_root)[PICK]
     assert errs and str(bad_root / PICK / bad_file) in str(errs[0]) and what in str(errs[0])
-    assert 'python -m timm_odevit.hub' in str(errs[0]) or 'import timm_odevit' in str(errs[0])
+    assert 'python -m timm_odevit_tools.hub' in str(errs[0]) or 'import timm_odevit' in str(errs[0])
     hf_home = tmp_path / 'hf'
     with HubMirror(str(bad_root)) as m:
         name = f'hf-hub:{ORG}/{PICK}' if bad_file == 'config.json' else f'{ARCH}.{FMNIST_TAG}'
@@ -336,7 +336,7 @@ def test_bad_repo_refused_with_file_and_fix(case, bad_root, tmp_path):
     # the client cache holds no copy (complete or partial) of the refused file
     cached = [p for p in hf_home.rglob('*') if p.is_file() and (p.name == bad_file or p.suffix == '.incomplete')]
     assert cached == []
-    cli = subprocess.run([sys.executable, '-m', 'timm_odevit.hub', 'verify', '--root', str(bad_root)],
+    cli = subprocess.run([sys.executable, '-m', 'timm_odevit_tools.hub', 'verify', '--root', str(bad_root)],
                          capture_output=True, text=True, timeout=120)
     assert cli.returncode == 1 and 'FAILED' in cli.stdout and what in cli.stdout
 
@@ -425,7 +425,7 @@ def test_error_message_header_is_one_safe_line():
 def test_manifest_of_the_wrong_json_type_is_refused_not_a_crash(manifest, bad_root):
     (bad_root / MANIFEST_FILE).write_text(manifest)
     errs = verify_root(bad_root)
-    assert list(errs) == [''] and MANIFEST_FILE in str(errs[''][0]) and 'python -m timm_odevit.hub manifest' in str(
+    assert list(errs) == [''] and MANIFEST_FILE in str(errs[''][0]) and 'python -m timm_odevit_tools.hub manifest' in str(
         errs[''][0])
     with HubMirror(str(bad_root)) as m:
         status, h, _ = _request(f'{m.url}/{ORG}/{PICK}/resolve/main/config.json', 'HEAD')
@@ -434,7 +434,7 @@ def test_manifest_of_the_wrong_json_type_is_refused_not_a_crash(manifest, bad_ro
 
 def test_export_and_push_dry_run(tmp_path):
     model = timm.create_model(f'local-dir:{WEIGHTS / PICK}', pretrained=True)
-    from timm_odevit.hub.export import export, push, stored_dtype
+    from timm_odevit_tools.hub.export import export, push, stored_dtype
     # exported again in the precision the file stores, the weights come back byte for byte
     repo = export(model, ARCH, 'copy', str(tmp_path), {'description': 'test'},
                   dtype=stored_dtype(WEIGHTS / PICK / 'model.safetensors'))
@@ -450,8 +450,8 @@ def test_export_in_half_precision_measures_the_stored_weights(tmp_path, monkeypa
     """--dtype float16 stores half-size weights; the card's top-1 is measured on the values the file holds (what a
     user's float32 model loads), the card says so, and a push sends the same bytes back."""
     from safetensors.torch import load_file
-    from timm_odevit.hub import export as ex
-    from timm_odevit.hub.__main__ import evaluate_folder, main as hub_main
+    from timm_odevit_tools.hub import export as ex
+    from timm_odevit_tools.hub.__main__ import evaluate_folder, main as hub_main
     arch = 'ssog_ode_tiny_patch4_32'
     trained = timm.create_model(f'local-dir:{WEIGHTS / f"{arch}.fmnist"}', pretrained=True)
     ckpt = tmp_path / 'last.pth.tar'
@@ -487,8 +487,8 @@ def test_card_measures_an_ode_weight_also_at_its_architectures_default_solver():
     """An ODE weight trained on another grid than its architecture's default is measured as it is solved (what
     pretrained=True gives) and, on each test set, at that default too, with the command that reproduces each; the
     model is left solved as it came."""
-    from timm_odevit.evaluate import evaluate
-    from timm_odevit.hub.export import architecture_solver, measure
+    from timm_odevit_tools.evaluate import evaluate
+    from timm_odevit_tools.hub.export import architecture_solver, measure
     arch = 'ssog_ode_tiny_patch4_32'
     model = timm.create_model(f'local-dir:{WEIGHTS / f"{arch}.fmnist"}', pretrained=True, ode_steps=5)
     default = architecture_solver(arch, model)
@@ -510,10 +510,10 @@ def test_an_ode_tag_solves_as_its_weights_were_trained_by_every_route(tmp_path):
     """A tag whose weights trained on another grid than the architecture's default is solved on that grid by name and
     through its config.json (local-dir:, hf-hub:) alike, as its card's last command trained it; a solver kwarg the
     caller passes wins, the untagged architecture keeps its default, and a re-serialised model keeps the grid."""
-    from timm_odevit.hub.export import trained_solver
-    from timm_odevit.hub.table import card_commands
+    from timm_odevit_tools.hub.export import trained_solver
+    from experiments.tables import card_commands
     from timm_odevit.models.pretrained import TAG_MODEL_ARGS, tag_model_args
-    from timm_odevit.train import recorded_args
+    from timm_odevit_tools.train import recorded_args
     for repo in REPOS:
         arch, tag = repo.split('.')
         config = json.loads((WEIGHTS / repo / 'config.json').read_text())
@@ -532,8 +532,8 @@ def test_an_ode_tag_solves_as_its_weights_were_trained_by_every_route(tmp_path):
 def test_remeasure_rerenders_a_folder_at_the_solver_it_trained_with(tmp_path):
     """`hub remeasure` re-measures a published folder at the solver its last stage trained with and re-renders its
     card (the recipe kept) and config.json; the weights file keeps its bytes and the folder verifies."""
-    from timm_odevit.hub.__main__ import evaluate_folder, main as hub_main
-    from timm_odevit.hub.card import card_stages
+    from timm_odevit_tools.hub.__main__ import evaluate_folder, main as hub_main
+    from timm_odevit_tools.hub.card import card_stages
     name = 'ssog_ode_tiny_patch4_32.fmnist'
     repo = tmp_path / 'weights' / name
     shutil.copytree(WEIGHTS / name, repo)
@@ -554,7 +554,7 @@ def test_remeasure_rerenders_a_folder_at_the_solver_it_trained_with(tmp_path):
 
 
 def test_demo_prints_top1_through_mirror(capsys):
-    from timm_odevit.hub.demo import BUNDLED_REPOS, DEFAULT_MODEL, main
+    from timm_odevit_tools.hub.demo import BUNDLED_REPOS, DEFAULT_MODEL, main
     # setup.py bundles exactly the weights the demo's untagged name resolves to (test_untagged_name_... above)
     assert BUNDLED_REPOS == tuple(r for r in REPOS if r.split('.')[0] == DEFAULT_MODEL)
     assert main() == 0
@@ -569,7 +569,7 @@ def test_export_records_the_size_the_run_trained_at(tmp_path):
     """A run trained with --model-kwargs img_size=N exports at N px without being told again (a 224-px architecture
     trained small, like ssog_ode_small at 64 px); --img-size still overrides it."""
     import argparse
-    from timm_odevit.hub.__main__ import main as hub_main
+    from timm_odevit_tools.hub.__main__ import main as hub_main
     model = timm.create_model('ssog_ode_tiny_patch4_32', num_classes=10, in_chans=1, img_size=16)
     ckpt = tmp_path / 'last.pth.tar'
     args = argparse.Namespace(model='ssog_ode_tiny_patch4_32', model_kwargs={'img_size': 16})
@@ -587,7 +587,7 @@ def test_export_records_the_size_the_run_trained_at(tmp_path):
 def test_export_keeps_the_depth_a_run_trained_at(arch, tmp_path):
     # a weight-shared trunk's depth shows in no tensor shape: exported at the default depth, it would load silently
     import argparse
-    from timm_odevit.hub.__main__ import main as hub_main
+    from timm_odevit_tools.hub.__main__ import main as hub_main
     torch.manual_seed(0)
     model = timm.create_model(arch, num_classes=10, in_chans=1, depth=3).eval()
     ckpt = tmp_path / 'last.pth.tar'
@@ -605,8 +605,8 @@ def test_export_keeps_the_depth_a_run_trained_at(arch, tmp_path):
 def test_export_replaces_files_whole(tmp_path):
     """A re-export renames finished files into place: a reader that opened the old file keeps reading the old bytes
     whole (they still hash to the old manifest), and the new file hashes to the new manifest."""
-    from timm_odevit.hub.export import export
-    from timm_odevit.hub.verify import load_manifest
+    from timm_odevit_tools.hub.export import export
+    from timm_odevit_tools.hub.verify import load_manifest
     root = tmp_path / 'weights'
     root.mkdir()
     model = timm.create_model('ssog_ode_tiny_patch4_32', num_classes=10, in_chans=1)
@@ -627,7 +627,7 @@ def test_export_replaces_files_whole(tmp_path):
 def _run_checkpoint(run: Path, argv: List[str], record: Optional[Dict] = None) -> Path:
     """A last.pth.tar of the training command as its CheckpointSaver writes it (random weights, the parsed options),
     with the run's results.json record beside it."""
-    from timm_odevit.train import parse_args
+    from timm_odevit_tools.train import parse_args
     args = parse_args(argv)
     run.mkdir(parents=True)
     model = timm.create_model(args.model, num_classes=10, in_chans=1)
@@ -641,12 +641,12 @@ def test_export_of_a_next_stage_states_every_stage(tmp_path):
     and the earlier weights named by hash; the budget adds the stages up and the matched table pairs twins whose
     stages are the same commands. Earlier weights missing or changed since the run started are refused; a checkpoint
     of the training command brings its own stages; weights of unknown provenance are said to be so."""
-    from timm_odevit.hub.__main__ import main as hub_main
-    from timm_odevit.hub.card import card_stages, model_card
-    from timm_odevit.hub.export import run_stages
-    from timm_odevit.hub.table import matched_table, training_budget
+    from timm_odevit_tools.hub.__main__ import main as hub_main
+    from timm_odevit_tools.hub.card import card_stages, model_card
+    from timm_odevit_tools.hub.export import run_stages
+    from experiments.tables import matched_table, training_budget
     from timm_odevit.models.pretrained import fmnist_input
-    from timm_odevit.train import checkpoint_args, read_checkpoint
+    from timm_odevit_tools.train import checkpoint_args, read_checkpoint
     root = tmp_path / 'weights'
 
     def export(ckpt: Path, tag: str = 'fmnist') -> int:
@@ -707,7 +707,7 @@ def test_export_of_a_next_stage_states_every_stage(tmp_path):
 
 def test_card_description_names_the_stages_a_teacher_guided():
     """A weight a teacher joined late says which of its stages were guided; one guided throughout says only that."""
-    from timm_odevit.hub.card import LOGIT_KD, model_card, staged_lines
+    from timm_odevit_tools.hub.card import LOGIT_KD, model_card, staged_lines
     from timm_odevit.models.pretrained import fmnist_input
     arch = 'dense_vit_tiny_patch4_32'
     model = timm.create_model(arch, pretrained_cfg_overlay=fmnist_input(), num_classes=10, in_chans=1)
@@ -722,7 +722,7 @@ def test_card_description_names_the_stages_a_teacher_guided():
 
 def test_training_budget_from_cards(tmp_path):
     """The weights table's budget column adds up each stage of a card's recipe, and refuses a card without one."""
-    from timm_odevit.hub.table import training_budget
+    from experiments.tables import training_budget
     card = tmp_path / 'x.fmnist'
     card.mkdir()
     (card / 'README.md').write_text('- stage 1 of 2, data: 60000 training images (first n)\n- stage 1 of 2, schedule: '
@@ -740,7 +740,7 @@ def test_training_budget_from_cards(tmp_path):
 def test_weights_table_gives_an_ode_weights_top1_at_the_architectures_default_solver(tmp_path):
     """The weights table's top-1 is as pretrained=True solves it; an ODE weight trained on another grid than its
     architecture's default has its full-test top-1 at that default beside it, read from its card; others show '-'."""
-    from timm_odevit.hub.table import weights_table
+    from experiments.tables import weights_table
     for name in ('dense_vit_tiny_patch4_32.fmnist', 'odevit_tiny_patch4_32.fmnist'):
         shutil.copytree(REPO_ROOT / 'weights' / name, tmp_path / name)
     card = tmp_path / 'odevit_tiny_patch4_32.fmnist' / 'README.md'
@@ -755,7 +755,7 @@ def test_weights_table_gives_an_ode_weights_top1_at_the_architectures_default_so
 def test_matched_table_pairs_only_same_recipe(tmp_path):
     """An SSoG weight and its dense twin form a row only when one command (the model name aside) trained both, stage
     by stage."""
-    from timm_odevit.hub.table import card_commands, card_facts, matched_table
+    from experiments.tables import card_commands, card_facts, matched_table
     ssog, dense = 'ssog_vit_tiny_patch4_32.fmnist', 'dense_vit_tiny_patch4_32.fmnist'
     for name in (dense, 'odevit_tiny_patch4_32.fmnist'):  # odevit's twin is absent: no row for it
         shutil.copytree(REPO_ROOT / 'weights' / name, tmp_path / name)
@@ -781,7 +781,7 @@ def test_matched_table_pairs_ode_weights_started_from_their_looped_twins(tmp_pat
     """An ODE pair whose first stage trained each member's looped twin (the same function at the registered grid) is
     matched stage by stage: the SSoG stage names looped_ssog where the dense one names looped_vit; an SSoG ODE weight
     that started from another depth's SSoG weights is not."""
-    from timm_odevit.hub.table import matched_table
+    from experiments.tables import matched_table
     dense_card = (REPO_ROOT / 'weights' / 'dense_vit_tiny_patch4_32.fmnist' / 'README.md').read_text()
     assert dense_card.count(' command: ') >= 2
     # the multi-stage dense card made into odevit's: stage 1 trains looped_vit, the next odevit from its weights
@@ -806,7 +806,7 @@ def test_matched_table_pairs_ode_weights_started_from_their_looped_twins(tmp_pat
 def test_matched_table_gives_an_ode_pair_at_the_architectures_default_solver_too(tmp_path):
     """An ODE pair trained on another grid than its architectures' default is compared at both: the grid both were
     trained on, which pretrained=True gives, and the default."""
-    from timm_odevit.hub.table import card_facts, matched_table
+    from experiments.tables import card_facts, matched_table
     dense = tmp_path / 'odevit_tiny_patch4_32.fmnist'
     ssog = tmp_path / 'ssog_ode_tiny_patch4_32.fmnist'
     shutil.copytree(REPO_ROOT / 'weights' / dense.name, dense)
@@ -827,9 +827,9 @@ def test_matched_table_gives_an_ode_pair_at_the_architectures_default_solver_too
 
 def test_card_says_which_weights_a_run_with_an_ema_publishes():
     """A run that kept an EMA is published either with it or with its raw last-epoch weights; the card says which."""
-    from timm_odevit.hub.card import training_lines
+    from timm_odevit_tools.hub.card import training_lines
     from timm_odevit.models.pretrained import FMNIST_CFG
-    from timm_odevit.train import parse_args
+    from timm_odevit_tools.train import parse_args
     args = vars(parse_args(['--model', 'odevit_tiny_patch4_32', '--model-ema']))
     assert training_lines(args, FMNIST_CFG)['schedule'].endswith('fp32, EMA weights')
     raw = training_lines(args, FMNIST_CFG, ema_published=False)['schedule']
@@ -839,9 +839,9 @@ def test_card_says_which_weights_a_run_with_an_ema_publishes():
 
 
 def test_card_names_the_gpu_a_run_trained_on_and_the_threads_of_a_cpu_run():
-    from timm_odevit.hub.card import training_lines
+    from timm_odevit_tools.hub.card import training_lines
     from timm_odevit.models.pretrained import FMNIST_CFG
-    from timm_odevit.train import parse_args
+    from timm_odevit_tools.train import parse_args
     gpu = vars(parse_args(['--model', 'ssog_vit_tiny_patch4_32', '--device', 'cuda', '--amp', 'bf16']))
     budget = training_lines(gpu, FMNIST_CFG, device_name='NVIDIA H200')['budget']
     assert budget.endswith('`cuda` (NVIDIA H200), bf16 autocast'), budget
@@ -854,7 +854,7 @@ def test_guided_table_pairs_a_guided_weight_with_its_scratch_twin(tmp_path):
     teacher's options form a row (guided minus scratch, as pretrained=True solves them and at the architecture's
     default solver); another
     seed is another recipe, not a row."""
-    from timm_odevit.hub.table import guided_table
+    from experiments.tables import guided_table
     base = 'odevit_tiny_patch4_32'  # the published scratch student: no teacher in any of its stages
     scratch, guided = tmp_path / f'{base}.fmnist', tmp_path / f'{base}.fmnist_distilled'
     for repo, top1, grid in ((scratch, '87.97', '88.10'), (guided, '90.00', '90.50')):
@@ -877,7 +877,7 @@ def test_guided_table_pairs_a_guided_weight_with_its_scratch_twin(tmp_path):
 def test_guided_table_pairs_weights_continued_from_the_same_earlier_stage(tmp_path):
     """A guided weight continued from earlier weights pairs with the scratch weight continued from the same ones by
     the same last-stage command without the teacher; an earlier stage trained otherwise is not a pair."""
-    from timm_odevit.hub.table import card_commands, guided_table
+    from experiments.tables import card_commands, guided_table
     base = 'odevit_tiny_patch4_32'  # the published scratch student: stages continued, no teacher in the last
     scratch, guided = tmp_path / f'{base}.fmnist', tmp_path / f'{base}.fmnist_distilled'
     shutil.copytree(REPO_ROOT / 'weights' / scratch.name, scratch)
@@ -916,7 +916,7 @@ def _full_history() -> bool:
 def test_version_from_history_finds_a_replaced_file_by_its_hash(tmp_path, monkeypatch):
     """A file replaced since is found in git history by its sha256 (the newest matching version); a hash no
     version has, a path git never tracked and a folder outside any checkout give None."""
-    from timm_odevit.hub.verify import version_from_history
+    from timm_odevit_tools.hub.verify import version_from_history
     repo = tmp_path / 'repo'
     (repo / 'weights').mkdir(parents=True)
     _git(repo, 'init', '-q')
@@ -940,7 +940,7 @@ def test_version_from_history_finds_a_replaced_file_by_its_hash(tmp_path, monkey
 def test_the_guiding_teacher_is_the_last_guided_stages(tmp_path):
     """A continued weight's card can name a teacher per stage (a CNN's logit KD, then the trajectory's teacher):
     the hash and target times that the trajectory is measured with are those of the last guided stage."""
-    from timm_odevit.hub.table import card_target_times, card_teacher_sha256
+    from experiments.tables import card_target_times, card_teacher_sha256
     first, last = 'a' * 64, 'b' * 64
     (tmp_path / 'README.md').write_text(
         '- **Training recipe:**\n'
@@ -964,8 +964,8 @@ def test_trajectory_of_the_published_students(tmp_path, monkeypatch):
     a teacher path holding other weights than the card's hash, a missing teacher, a card without times and a folder
     without a pair are each refused, naming what is wrong."""
     from safetensors.torch import save_file
-    from timm_odevit.hub.table import card_target_times, card_teacher_sha256
-    from timm_odevit.study.guidance import write_weights_trajectory
+    from experiments.tables import card_target_times, card_teacher_sha256
+    from experiments.study.guidance import write_weights_trajectory
     monkeypatch.chdir(REPO_ROOT)  # the guided card names its teacher's weights relative to the repository
     names = ('odevit_tiny_patch4_32.fmnist', 'odevit_tiny_patch4_32.fmnist_distilled')
     for name in names:
@@ -1012,7 +1012,7 @@ def test_trajectory_of_the_published_students(tmp_path, monkeypatch):
 def test_steered_table_needs_all_three_runs_trained_alike(tmp_path):
     """The three-way table (dense, fixed, steered) compares finished training runs, a row only when one command
     (the model name aside) trained all three, each scored by its EMA top-1 on the validation images."""
-    from timm_odevit.hub.table import steered_table
+    from experiments.tables import steered_table
     logs, names = tmp_path / 'logs', ('dense_vit', 'ssog_vit', 'ssog_vit_steer')
     runs = [logs / f'{n}_tiny_patch4_32.fmnist' for n in names]
     for run in runs:
@@ -1047,11 +1047,11 @@ def test_steered_table_needs_all_three_runs_trained_alike(tmp_path):
 def test_learning_curves_from_run_logs(tmp_path):
     """The learning-curve table reads each run's summary.csv and the validation size from its command, recorded
     wherever the run ran; a run without results.json is marked unfinished, with the epochs it has trained."""
-    from timm_odevit.hub.table import learning_curves
+    from experiments.tables import learning_curves
     run = tmp_path / 'dense_vit_tiny_patch4_32.fmnist'
     run.mkdir()
     # recorded on another machine: its data folder is not here, which must not matter for reading the command
-    (run / 'command.txt').write_text('OMP_NUM_THREADS=2 python -m timm_odevit.train --model dense_vit_tiny_patch4_32 '
+    (run / 'command.txt').write_text('OMP_NUM_THREADS=2 python -m timm_odevit_tools.train --model dense_vit_tiny_patch4_32 '
                                      f'--epochs 4 --val-samples 500 --data-dir {tmp_path / "gone"}\n')
     (run / 'summary.csv').write_text('epoch,train_loss,eval_top1,eval_ema_top1\n0,1.5,61.26,20.0\n1,1.1,70.04,44.96\n')
     (tmp_path / 'empty').mkdir()  # a folder without a summary is not a run
@@ -1064,8 +1064,8 @@ def test_learning_curves_from_run_logs(tmp_path):
 def test_elasticity_of_published_ode_weights(tmp_path):
     """hub elasticity solves every published ODE weight (loaded with local-dir:, as timm does) at each solver and
     leaves the discrete weights out; NFE follows the method (RK4: 4 evaluations a step)."""
-    from timm_odevit.hub.export import export
-    from timm_odevit.study.elasticity import write_weights_elasticity
+    from timm_odevit_tools.hub.export import export
+    from experiments.study.elasticity import write_weights_elasticity
     root = tmp_path / 'weights'
     for arch in ('odevit_tiny_patch4_32', 'dense_vit_tiny_patch4_32'):
         export(timm.create_model(arch, num_classes=10, in_chans=1, depth=2), arch, 'fmnist', str(root))
@@ -1083,8 +1083,8 @@ def test_elasticity_solves_looped_weights_as_their_ode_twin(tmp_path):
     """--looped-as-ode adds a row per published looped weight, solved as the ODE architecture with its parameters:
     at the registered grid (h = 1) it is the looped model's top-1 exactly; --only without the option would drop that
     row from the last table, and says so instead."""
-    from timm_odevit.evaluate import evaluate
-    from timm_odevit.study.elasticity import write_weights_elasticity
+    from timm_odevit_tools.evaluate import evaluate
+    from experiments.study.elasticity import write_weights_elasticity
     root, out, looped = tmp_path / 'weights', tmp_path / 'out', 'looped_vit_tiny_patch4_32.fmnist'
     shutil.copytree(REPO_ROOT / 'weights' / looped, root / looped)
     kw = dict(test_samples=64, data_dir=str(fm.SAMPLE_DIR))
@@ -1098,7 +1098,7 @@ def test_elasticity_solves_looped_weights_as_their_ode_twin(tmp_path):
     want = evaluate(model, fm.load_tensors(fm.SAMPLE_DIR, 'test', model=model, limit=64))['top1']
     assert float(rows[0][5]) == round(want, 2) > 50 and f'| `{name}` |' in table
     export_ode = timm.create_model('odevit_tiny_patch4_32', num_classes=10, in_chans=1, depth=2)
-    from timm_odevit.hub.export import export
+    from timm_odevit_tools.hub.export import export
     export(export_ode, 'odevit_tiny_patch4_32', 'fmnist', str(root))
     write_weights_elasticity(root, out, ['euler:12', 'euler:6'], looped_as_ode=True, **kw)
     with pytest.raises(ValueError, match=f'would lose \\({name}\\).*--looped-as-ode'):
@@ -1112,8 +1112,8 @@ def test_elasticity_solves_looped_weights_as_their_ode_twin(tmp_path):
 def test_elasticity_only_remeasures_the_named_weights_and_keeps_the_rest(tmp_path):
     """--only measures the named weights and keeps every other weight's rows from the last table, in folder order;
     it refuses a name that is not an ODE weight and a last table at other solvers or on another number of images."""
-    from timm_odevit.hub.export import export
-    from timm_odevit.study.elasticity import write_weights_elasticity
+    from timm_odevit_tools.hub.export import export
+    from experiments.study.elasticity import write_weights_elasticity
     root, out = tmp_path / 'weights', tmp_path / 'out'
     archs = ('odevit_tiny_patch4_32', 'ssog_ode_tiny_patch4_32')
     for arch in archs:

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from timm_odevit.hub.demo import BUNDLE_DIR, BUNDLED_REPOS, DEFAULT_MODEL
-from timm_odevit.hub.table import card_facts
+from timm_odevit_tools.hub.demo import BUNDLE_DIR, BUNDLED_REPOS, DEFAULT_MODEL
+from experiments.tables import card_facts
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 # build outputs and local state that a fresh clone does not have
@@ -98,7 +98,7 @@ def test_main_command_says_what_is_missing(installed):
     moved = pkg.parent / f'{BUNDLE_DIR}.away'
     (pkg / BUNDLE_DIR).rename(moved)
     try:
-        r = subprocess.run([str(python), '-c', 'from timm_odevit.hub.demo import main; raise SystemExit(main())'],
+        r = subprocess.run([str(python), '-c', 'from timm_odevit_tools.hub.demo import main; raise SystemExit(main())'],
                            capture_output=True, text=True, timeout=300, env=env, cwd=str(work))
     finally:
         moved.rename(pkg / BUNDLE_DIR)

@@ -14,18 +14,18 @@ import yaml
 import timm
 import timm_odevit  # noqa: F401
 from timm_odevit import data as fm
-from timm_odevit.evaluate import evaluate, parse_solver
+from timm_odevit_tools.evaluate import evaluate, parse_solver
 from timm_odevit.models.families import FAMILIES
 from timm_odevit.models.pretrained import FMNIST_CFG
-from timm_odevit.study import STUDY_PAIRS, StudyRecipe, run_study, study_runs
-from timm_odevit.study.elasticity import write_elasticity
-from timm_odevit.study.export import best_runs, export_run
-from timm_odevit.study.guidance import (check_teacher, guidance_runs, guidance_setup, guidance_variants,
+from experiments.study import STUDY_PAIRS, StudyRecipe, run_study, study_runs
+from experiments.study.elasticity import write_elasticity
+from experiments.study.export import best_runs, export_run
+from experiments.study.guidance import (check_teacher, guidance_runs, guidance_setup, guidance_variants,
                                        write_guidance_report)
-from timm_odevit.study.recipes import write_recipes
-from timm_odevit.train import read_checkpoint
-from timm_odevit.study.report import write_report
-from timm_odevit.study.runs import _claim, is_done, run_dir, train_command
+from experiments.study.recipes import write_recipes
+from timm_odevit_tools.train import read_checkpoint
+from experiments.study.report import write_report
+from experiments.study.runs import _claim, is_done, run_dir, train_command
 
 REPO = Path(__file__).resolve().parent.parent
 TINY = StudyRecipe(train_samples=48, val_samples=32, epochs=2, batch_size=16)
@@ -78,7 +78,7 @@ def test_runs_train_log_and_resume(study):
             assert [int(r['epoch']) for r in csv.DictReader(f)] == [0, 1]
         args = vars(read_checkpoint(str(d / 'last.pth.tar'))['args'])
         assert args['model_kwargs'] == {'ode_steps': 23} and args['in_chans'] == 1
-        assert (d / 'command.txt').read_text().startswith('python -m timm_odevit.train --model')
+        assert (d / 'command.txt').read_text().startswith('python -m timm_odevit_tools.train --model')
     # a second pass trains nothing: every run is done
     assert [s for _, s in run_study(root, runs, TINY)] == ['already done', 'already done']
 
@@ -134,8 +134,8 @@ def test_export_card_carries_measured_top1(study, tmp_path):
     # solved as trained (what pretrained=True gives), and at the architecture's default 12 steps too
     assert model.trunk.steps == 23 and '**ODE solver:** euler, 23 steps' in card and '--solver euler:12' in card
     # the card's command is the training command's, with the run's non-default options
-    command = next(line for line in card.splitlines() if 'python -m timm_odevit.train' in line)
-    assert 'python -m timm_odevit.train --model ssog_ode_tiny_patch4_32 --model-kwargs ode_steps=23' in command
+    command = next(line for line in card.splitlines() if 'python -m timm_odevit_tools.train' in line)
+    assert 'python -m timm_odevit_tools.train --model ssog_ode_tiny_patch4_32 --model-kwargs ode_steps=23' in command
     assert '--train-samples 48' in command and '--output' not in command and '--data-dir' not in command
     # the budget: images seen, wall time from the run's results.json, threads and precision
     budget = next(line for line in card.splitlines() if 'images seen' in line)
@@ -298,8 +298,8 @@ def test_guidance_report_full_test_per_seed_on_grid_and_registered_solver(guidan
 def test_guidance_runner_measures_each_run_on_the_full_test_as_it_ends(guidance, idx_folder, tmp_path):
     """The command's runner writes each run's full_test.json while its checkpoint is still there, so that a
     checkpoint lost with a machine leaves the run in the full-test table; the file holds what the report measures."""
-    from timm_odevit.study.__main__ import main
-    from timm_odevit.study.guidance import record_full_test
+    from experiments.study.__main__ import main
+    from experiments.study.guidance import record_full_test
     root = tmp_path / 'guidance'
     shutil.copytree(guidance[0], root)
     meta = json.loads((root / 'study.json').read_text())
@@ -321,7 +321,7 @@ def test_guided_run_records_and_cards_its_guidance(guidance, tmp_path):
     """A guided run's results.json holds its guidance with the defaults resolved (attention, JaSMin and logit KD on
     for an attention student and a same-label teacher); its exported card names the teacher, the student times of
     its targets and each loss weight, and says it was guided; a scratch run's card has no teacher line."""
-    from timm_odevit.hub.export import export_checkpoint
+    from timm_odevit_tools.hub.export import export_checkpoint
     root, _, _ = guidance
     run = root / 'runs' / 'odevit_tiny_patch4_32-guided-seed0'
     recorded = json.loads((run / 'results.json').read_text())['guidance']
@@ -383,7 +383,7 @@ def _guided_run_with_teacher(root: Path, seed: int, teacher_bytes: bytes) -> Non
 def test_guidance_refuses_a_teacher_file_that_changed_under_its_runs(tmp_path):
     """A comparison names its teacher by path; when that path comes to hold another weight (a published weight
     trained further), more guided runs in the same folder, by the runner or its command line, are refused by name."""
-    from timm_odevit.study.__main__ import main as study_main
+    from experiments.study.__main__ import main as study_main
     teacher = tmp_path / 'teacher.safetensors'
     teacher.write_bytes(b'first teacher')
     option = f'dense_vit_tiny_patch4_32 --teacher-checkpoint {teacher} --teacher-kwargs in_chans=1'
@@ -423,8 +423,8 @@ def test_committed_recipes_are_current(tmp_path):
     assert len(written) == 2 * len(FAMILIES) == 14
     for path in written:
         committed = REPO / 'examples' / path.name
-        assert committed.is_file(), f'{committed} missing: run python -m timm_odevit.study recipes'
-        assert committed.read_text() == path.read_text(), f'{committed} is stale: python -m timm_odevit.study recipes'
+        assert committed.is_file(), f'{committed} missing: run python -m experiments.study recipes'
+        assert committed.read_text() == path.read_text(), f'{committed} is stale: python -m experiments.study recipes'
 
 
 @pytest.mark.parametrize('name', sorted(p.name for p in (REPO / 'examples').glob('*.yaml')))

@@ -1,4 +1,4 @@
-"""The training command (python -m timm_odevit.train), its checkpoint loader and the evaluation loop."""
+"""The training command (python -m timm_odevit_tools.train), its checkpoint loader and the evaluation loop."""
 import csv
 import hashlib
 import json
@@ -9,11 +9,11 @@ import torch
 import timm
 import timm_odevit  # noqa: F401
 from timm_odevit import data as fm
-from timm_odevit.evaluate import evaluate, evaluate_solved, parse_solver, solver_of
+from timm_odevit_tools.evaluate import evaluate, evaluate_solved, parse_solver, solver_of
 from timm_odevit.layers import OdeSolverError
-from timm_odevit.train import (format_command, is_training_command, main, model_from_checkpoint, parse_args,
+from timm_odevit_tools.train import (format_command, is_training_command, main, model_from_checkpoint, parse_args,
                                read_checkpoint, recorded_args)
-from timm_odevit.train.command import RUN_PLACE_OPTIONS, input_stats
+from timm_odevit_tools.train.command import RUN_PLACE_OPTIONS, input_stats
 
 ARCH = 'ssog_vit_tiny_patch4_32'
 
@@ -39,7 +39,7 @@ def test_bf16_augment_ema_resume_and_rerun(tmp_path):
     # bf16 autocast leaves the weights in fp32
     assert all(v.dtype == torch.float32 for v in ckpt['state_dict'].values() if v.is_floating_point())
     assert first['history'][0]['nfe'] == 2 and 0 <= first['top1'] <= 100 and 'ema_top1' in first
-    assert (run / 'command.txt').read_text().startswith('python -m timm_odevit.train --data-dir')
+    assert (run / 'command.txt').read_text().startswith('python -m timm_odevit_tools.train --data-dir')
     assert 'img/s' in (run / 'train.log').read_text()
 
     second = main(command(tmp_path, '--epochs', '2', '--resume', str(run / 'last.pth.tar'), *extra))
@@ -71,7 +71,7 @@ def test_run_stopped_before_its_end_keeps_every_epoch_in_its_record(tmp_path):
         assert kept['train_seconds'] == round(was['train_seconds'])  # train.log keeps whole seconds
     assert resumed['history'] == history
 
-    from timm_odevit.hub.card import training_lines
+    from timm_odevit_tools.hub.card import training_lines
     from timm_odevit.models.pretrained import FMNIST_CFG
     args = vars(parse_args(command(tmp_path, '--epochs', '3')))
     minutes = sum(h['train_seconds'] for h in history) / 60
@@ -134,7 +134,7 @@ def test_bad_options_fail_early_and_say_why(argv, message, capsys):
 def test_label_smoothing_reaches_the_task_loss():
     """--smoothing is timm's LabelSmoothingCrossEntropy in the task, alone and as a student's label loss."""
     from timm.loss import LabelSmoothingCrossEntropy
-    from timm_odevit.train.command import build_task
+    from timm_odevit_tools.train.command import build_task
     x, y = torch.randn(4, 1, 32, 32), torch.tensor([0, 1, 2, 3])
     plain = build_task(parse_args(['--model', ARCH]), torch.device('cpu'))
     smooth = build_task(parse_args(['--model', ARCH, '--smoothing', '0.3']), torch.device('cpu'))
@@ -156,13 +156,13 @@ def test_card_command_reparses_to_the_same_options():
     args = parse_args(['--model', ARCH, '--model-kwargs', 'depth=2', 'ode_method=rk4', '--augment', '--amp', 'bf16',
                        '--lr', '2e-3', '--mean', '0.5', '--std', '0.2', '--output', 'somewhere'])
     line = format_command(vars(args), threads=2)
-    assert line.startswith('OMP_NUM_THREADS=2 python -m timm_odevit.train --model ') and 'somewhere' not in line
+    assert line.startswith('OMP_NUM_THREADS=2 python -m timm_odevit_tools.train --model ') and 'somewhere' not in line
     again = vars(recorded_args(line))
     assert {k: v for k, v in again.items() if k not in {*RUN_PLACE_OPTIONS, 'trainer', 'threads'}} == \
         {k: v for k, v in vars(args).items() if k not in {*RUN_PLACE_OPTIONS, 'trainer', 'threads'}}
     assert is_training_command(line) and not is_training_command('python train.py --model ' + ARCH)
     assert not is_training_command('python -m timm_odevit.training --model ' + ARCH)  # whole words only
-    with pytest.raises(ValueError, match='not a command of python -m timm_odevit.train'):
+    with pytest.raises(ValueError, match='not a command of python -m timm_odevit_tools.train'):
         recorded_args('python train.py --model ' + ARCH)
 
 
@@ -298,7 +298,7 @@ def test_data_on_device_trains_on_the_loaders_images(tmp_path):
 def test_img_size_sets_a_cnns_input_and_refuses_a_vits_other_size(tmp_path, monkeypatch):
     """--img-size: a timm CNN trains at the size given (its cfg says 224, timm's train.py default); a ViT built for
     32 px refuses another size and names the option that builds it for that size."""
-    import timm_odevit.train.command as cmd
+    import timm_odevit_tools.train.command as cmd
     argv = command(tmp_path, '--epochs', '1', '--max-steps-per-epoch', '1', '--img-size', '16')
     argv[argv.index(ARCH) + 1:argv.index(ARCH) + 3] = []  # resnet10t takes no depth=2
     argv[argv.index(ARCH)] = 'resnet10t'

@@ -11,7 +11,7 @@ import torch
 
 import timm_odevit  # noqa: F401
 from timm_odevit.layers import OdeSolverError
-from timm_odevit.zoo import FAMILIES, PAPER_CONFIGS, paper_trainable_params, param_reduction
+from timm_odevit_tools.zoo import FAMILIES, PAPER_CONFIGS, paper_trainable_params, param_reduction
 
 SMALL = '_tiny_patch4_32'
 
@@ -261,8 +261,8 @@ def test_logits_match_float32_in_half_precision(family, kwargs, dtype, cast):
 def test_published_ssog_weights_score_alike_in_float16(name):
     """A published SSoG weight under float16 autocast scores within 0.5 points of float32 on the 1,000-image sample
     (the ODE weight fell from 92.5% to 83.4% on its first 1,000 test images when float16 zeroed its kernels)."""
-    from timm_odevit.data import SAMPLE_DIR, load_tensors
-    from timm_odevit.evaluate import evaluate
+    from timm_odevit_tools.data import SAMPLE_DIR, load_tensors
+    from timm_odevit_tools.evaluate import evaluate
     weights = Path(__file__).resolve().parent.parent / 'weights'
     model = timm.create_model(f'local-dir:{weights / name}', pretrained=True)
     data = load_tensors(SAMPLE_DIR, 'test', model=model)

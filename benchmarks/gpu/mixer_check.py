@@ -29,7 +29,7 @@ sys.path.insert(0, str(ROOT))
 
 import timm  # noqa: E402
 import timm_odevit  # noqa: E402,F401  (registers the models)
-from timm_odevit.benchmark.runner import OpCounter  # noqa: E402
+from timm_odevit_tools.benchmark.runner import OpCounter  # noqa: E402
 from timm_odevit.layers import SeparableGaussianMixer  # noqa: E402
 from timm_odevit.layers.fused_mixer import HAS_TRITON  # noqa: E402
 from timm_odevit.models.families import FAMILIES, model_name  # noqa: E402
@@ -130,7 +130,7 @@ def timings(args) -> str:
     out = []
     for mode, extra in modes.items():
         prefix = f'timings_{mode}'
-        cmd = [sys.executable, '-m', 'timm_odevit.benchmark', '--settings', 'ode', '--widths',
+        cmd = [sys.executable, '-m', 'timm_odevit_tools.benchmark', '--settings', 'ode', '--widths',
                'tiny' if args.dry_run else 'small', '--variants', 'ssog', 'fused', 'floor', '--precision',
                'amp_bfloat16', '--out-dir', str(args.out), '--prefix', prefix] + common + extra
         limit = 40 if args.dry_run else 110

@@ -67,7 +67,7 @@ def ema_decay(steps: int) -> float:
 
 def command(run: str, out: Path, data_dir: str, device: str, extra: List[str]) -> List[str]:
     model, adds = RUNS[run]
-    return [sys.executable, '-m', 'timm_odevit.train', '--model', model, *RECIPE, *adds, '--data-dir', data_dir,
+    return [sys.executable, '-m', 'timm_odevit_tools.train', '--model', model, *RECIPE, *adds, '--data-dir', data_dir,
             '--device', device, '--output', str(out), '--experiment', run, *extra]
 
 
@@ -125,7 +125,7 @@ def strip_checkpoint(src: Path, dst: Path) -> None:
     """The last epoch's weights and EMA in float16 with the run's arguments, without optimizer state: what a GPU call
     can bring back (export measures and stores float16 anyway)."""
     import torch
-    from timm_odevit.train import read_checkpoint
+    from timm_odevit_tools.train import read_checkpoint
     ckpt = read_checkpoint(str(src))
     kept = {k: v for k, v in ckpt.items() if k in ('arch', 'args', 'epoch', 'metric')}
     for key in ('state_dict', 'state_dict_ema'):

@@ -1,6 +1,6 @@
 """Trajectory distillation: a discrete ViT teacher guides the depth trajectory of an ODE (or looped) student.
 
-``TrajectoryDistillationTask`` is a ``timm.task.TrainingTask``; ``python -m timm_odevit.train --teacher ...`` trains
+``TrajectoryDistillationTask`` is a ``timm.task.TrainingTask``; ``python -m timm_odevit_tools.train --teacher ...`` trains
 with it.
 """
 from .init import COPYABLE_PARTS, copy_from_teacher

@@ -15,7 +15,6 @@ import warnings
 from pathlib import Path
 from typing import Any, Dict, Iterator, List, Optional, Tuple
 
-from ..data import FASHION_MNIST_CLASSES, FASHION_MNIST_MEAN, FASHION_MNIST_STD
 
 __all__ = ['ORG', 'hub_id', 'FMNIST_TAG', 'FMNIST_CFG', 'fmnist_input', 'fmnist_cfg', 'TAG_MODEL_ARGS',
            'tag_model_args', 'keep_untagged_default', 'pretrained_source', 'local_weights_roots', 'ENDPOINT_TIMEOUT',
@@ -28,6 +27,11 @@ ORG = 'timm-odevit'
 BUNDLE_DIR = '_bundled'
 # seconds a Hub endpoint other than huggingface.co gets to answer before pretrained=True gives up on it
 ENDPOINT_TIMEOUT = 2.0
+FASHION_MNIST_CLASSES = (
+    'T-shirt/top', 'Trouser', 'Pullover', 'Dress', 'Coat', 'Sandal', 'Shirt', 'Sneaker', 'Bag', 'Ankle boot')
+# mean / std of the 60k training images scaled to [0, 1] (timm_odevit_tools.data.load_tensors(..., normalize=False))
+FASHION_MNIST_MEAN = (0.2860,)
+FASHION_MNIST_STD = (0.3530,)
 
 
 def hub_id(arch: str, tag: str) -> str:
@@ -166,7 +170,7 @@ def _hub_offline() -> Iterator[None]:
 def _mirror_advice(repo: str, endpoint: Optional[str] = None, offline: bool = False) -> str:
     folder = f'weights/{repo}' if (Path('weights') / repo).is_dir() else f'<folder of {repo}>'
     port = urllib.parse.urlsplit(endpoint).port if endpoint else None
-    serve = 'python -m timm_odevit.hub serve' + (f' --port {port}' if port else '')
+    serve = 'python -m timm_odevit_tools.hub serve' + (f' --port {port}' if port else '')
     start = 'Unset HF_HUB_OFFLINE and start' if offline else 'Start'
     return (f'{start} the local Hub mirror with `{serve}` (it prints the HF_ENDPOINT to set before Python starts), '
             f"or load a folder of the weights directly: timm.create_model('local-dir:{folder}', pretrained=True).")
@@ -228,7 +232,7 @@ def unreadable_weights_message(cfg: Any, error: BaseException) -> str:
     if cfg.source == 'local-dir' or cfg.file:
         where = f'in {cfg.file}' if cfg.source == 'local-dir' else cfg.file
         fix = ('copy them again from where they came from (a checkout\'s weights/ holds every published weight, '
-               'and `python -m timm_odevit.hub verify --root weights` checks those against their sha256)')
+               'and `python -m timm_odevit_tools.hub verify --root weights` checks those against their sha256)')
     else:
         from huggingface_hub import constants, try_to_load_from_cache
         cached = try_to_load_from_cache(cfg.hf_hub_id, 'model.safetensors')

@@ -1,0 +1,195 @@
+"""Step-count elasticity: trained ODE models solved with other methods and step counts (the same interval), top-1
+against the number of field evaluations (NFE) per image; elasticity.csv, elasticity.png and elasticity.md. The
+models are the study's ODE runs (``write_elasticity``) or the published ODE weights (``write_weights_elasticity``)."""
+import csv
+import json
+import re
+from pathlib import Path
+from typing import Dict, Iterable, List, Optional, Sequence, Tuple
+
+from torch import nn
+
+from timm_odevit_tools.evaluate import evaluate, parse_solver
+from timm_odevit_tools.hub import CONFIG_FILE, WEIGHTS_FILE
+from timm_odevit_tools.hub.verify import EXPORT_FIX
+from .runs import STUDY_PAIRS
+
+__all__ = ['ELASTICITY_SOLVERS', 'write_elasticity', 'write_weights_elasticity']
+
+# coarser and finer than the registered 12 Euler steps, ODE-ViT's 23-step training grid and its 24 points, and RK4
+ELASTICITY_SOLVERS = ('euler:3', 'euler:6', 'euler:12', 'euler:23', 'euler:24', 'rk4:3', 'rk4:6')
+# the table's last line, which --only reads back to know how many images the kept rows were measured on
+IMAGES_LINE = 'Top-1 (%) on the first {} Fashion-MNIST test images.'
+
+
+def write_elasticity(root: Path, solvers: Sequence[str], test_samples: int = 2000) -> str:
+    """Evaluate every finished ODE run of the study under each ``solvers`` entry; returns a Markdown table."""
+    from timm_odevit.models.pretrained import FMNIST_CFG
+    from timm_odevit_tools.train import model_from_checkpoint
+    root = Path(root)
+
+    def models() -> Iterable[Tuple[str, str, nn.Module]]:
+        for arch in (STUDY_PAIRS['ode'].dense, STUDY_PAIRS['ode'].ssog):
+            for run_path in sorted((root / 'runs').glob(f'{arch}-seed*')):
+                if (run_path / 'results.json').is_file():
+                    yield (arch, run_path.name.rsplit('seed', 1)[1],
+                           model_from_checkpoint(str(run_path / 'last.pth.tar'), pretrained_cfg=FMNIST_CFG))
+    title = f'trained with {", ".join(STUDY_PAIRS["ode"].model_kwargs) or "the default grid"}'
+    return _write(models(), solvers, test_samples, None, root, title,
+                  f'No finished ODE runs under {root / "runs"}: run '
+                  f'`python -m experiments.study run --out-dir {root}`.')
+
+
+def write_weights_elasticity(root: Path, out_dir: Path, solvers: Sequence[str], test_samples: int = 2000,
+                             data_dir: Optional[str] = None, only: Optional[Sequence[str]] = None,
+                             looped_as_ode: bool = False) -> str:
+    """Evaluate every published ODE weight under ``root`` (``<arch>.<tag>`` folders, loaded as timm loads them, with
+    ``local-dir:``) under each ``solvers`` entry, on the first ``test_samples`` test images; writes under
+    ``out_dir`` and returns a Markdown table.
+
+    ``only``: measure just these folders (a weight that was re-exported) and keep every other weight's rows from
+    ``out_dir``'s last table, which must hold them at the same solvers and number of images (ValueError otherwise:
+    rerun without ``only``).
+
+    ``looped_as_ode``: also solve each published looped weight as its ODE twin (the same parameters; at the
+    registered grid, h = 1, the same function), a row named ``<looped weights> as <ODE architecture>``."""
+    import timm
+    import timm_odevit  # noqa: F401  (registers the architectures config.json names)
+    from timm_odevit.models.families import family_of
+    folders = [p for p in sorted(Path(root).iterdir()) if p.is_dir()]
+    # (row name, folder, the ODE architecture a looped weight is solved as; None: the folder's own)
+    entries = [(p.name, p, None) for p in folders if family_of(p.name.partition('.')[0]).depth == 'ode']
+    if looped_as_ode:
+        twins = [(p, _ode_twin(p.name.partition('.')[0])) for p in folders]
+        entries += [(f'{p.name} as {ode}', p, ode) for p, ode in twins if ode]
+    names = [name for name, _, _ in entries]
+    kept: List[Dict[str, object]] = []
+    if only:
+        unknown = sorted(set(only) - {p.name for _, p, _ in entries})
+        if unknown:
+            raise ValueError(f'--only {" ".join(unknown)}: no such ODE weight under {root} (there are: '
+                             f'{", ".join(names) or "none"})')
+        kept = _kept_rows(Path(out_dir), [n for n, p, _ in entries if p.name not in only], names, solvers,
+                          test_samples)
+        entries = [e for e in entries if e[1].name in only]
+
+    def models() -> Iterable[Tuple[str, str, nn.Module]]:
+        for name, folder, ode in entries:
+            if ode is None:
+                yield name, '', timm.create_model(f'local-dir:{folder.resolve()}', pretrained=True)
+            else:  # as local-dir: would build the looped model, with the ODE architecture in its place
+                config = json.loads((folder / CONFIG_FILE).read_text())
+                weights = str(folder.resolve() / WEIGHTS_FILE)
+                yield name, '', timm.create_model(ode, pretrained=True, **config.get('model_args', {}),
+                                                  pretrained_cfg=dict(config['pretrained_cfg'], file=weights))
+    Path(out_dir).mkdir(parents=True, exist_ok=True)
+    return _write(models(), solvers, test_samples, data_dir, Path(out_dir), 'published weights',
+                  f'No ODE weights under {root}: export one with `{EXPORT_FIX} --root {root}`.', kept, names)
+
+
+def _ode_twin(arch: str) -> Optional[str]:
+    """The ODE architecture with the parameters of a looped one (``looped_ssog_tiny_patch4_32`` ->
+    ``ssog_ode_tiny_patch4_32``); None for an architecture that is not looped."""
+    from timm_odevit.models.families import SETTINGS, family_of
+    family = family_of(arch)
+    if family.depth != 'looped':
+        return None
+    ode = SETTINGS['ode'].ssog if family.name == SETTINGS['looped'].ssog else SETTINGS['ode'].dense
+    return ode + arch[len(family.name):]
+
+
+def _kept_rows(out: Path, keep: Sequence[str], names: Sequence[str], solvers: Sequence[str],
+               test_samples: int) -> List[Dict[str, object]]:
+    """The rows of ``keep`` from ``out``'s elasticity.csv, checked to be at ``solvers`` on ``test_samples`` images
+    (elasticity.md states the number); refused where the new table, rows ``names``, would drop one of its rows."""
+    table, md = out / 'elasticity.csv', out / 'elasticity.md'
+    last: List[Dict[str, str]] = []
+    if table.is_file():
+        with open(table, newline='') as f:
+            last = list(csv.DictReader(f))
+    lost = sorted({r['model'] for r in last} - set(names))
+    if lost:
+        raise ValueError(f'{table} holds rows that this table would lose ({", ".join(lost)}): rerun with the options '
+                         'that made them (--looped-as-ode for the looped weights), or without --only')
+    if not keep:
+        return []
+    rerun = 'rerun python -m experiments.weights elasticity without --only'
+    if not (table.is_file() and md.is_file()):
+        raise ValueError(f'{out} holds no earlier elasticity.csv and .md to keep the other weights\' rows from: '
+                         f'{rerun}')
+    found = re.search(re.escape(IMAGES_LINE).replace(r'\{\}', r'(\d+)'), md.read_text())
+    if found is None or int(found.group(1)) != test_samples:
+        raise ValueError(f'{md} was measured on {found.group(1) if found else "an unstated number of"} test images, '
+                         f'not {test_samples}: {rerun}')
+    rows = [{**r, 'steps': int(r['steps']), 'nfe': int(r['nfe']), 'top1': float(r['top1'])}
+            for r in last if r['model'] in keep]
+    want = [parse_solver(s) for s in solvers]
+    for name in keep:
+        have = [(r['method'], r['steps']) for r in rows if r['model'] == name]
+        if have != want:
+            raise ValueError(f'{table} has {name} at {have or "no solver"}, not at {want}: {rerun}')
+    return rows
+
+
+def _write(models: Iterable[Tuple[str, str, nn.Module]], solvers: Sequence[str], test_samples: int,
+           data_dir: Optional[str], out: Path, title: str, none_found: str,
+           kept: Sequence[Dict[str, object]] = (), order: Sequence[str] = ()) -> str:
+    """Measure ``models`` at each solver, add the ``kept`` rows (models in ``order``), write the csv,
+    figure and Markdown table under ``out``."""
+    from timm_odevit_tools import data as fm
+    parsed = [parse_solver(s) for s in solvers]
+    rows: List[Dict[str, object]] = []
+    images: Dict[Tuple[int, ...], Tuple] = {}  # test images per input size: weights differ in size
+    for label, seed, model in models:
+        size = tuple(model.pretrained_cfg['input_size'])
+        if size not in images:
+            images[size] = fm.load_tensors(data_dir, 'test', model=model, limit=test_samples)
+        for method, steps in parsed:
+            model.trunk.set_solver(method=method, steps=steps)
+            r = evaluate(model, images[size])
+            rows.append({'model': label, 'seed': seed, 'method': method, 'steps': steps,
+                         'nfe': round(r['nfe']), 'top1': round(r['top1'], 2)})
+    if not rows:
+        raise FileNotFoundError(none_found)
+    if kept:
+        position = {name: i for i, name in enumerate(order)}
+        rows = sorted([*kept, *rows], key=lambda r: position[r['model']])  # stable: each model's solver order kept
+    with open(out / 'elasticity.csv', 'w', newline='') as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+    n = len(next(iter(images.values()))[1])
+    _plot(rows, out / 'elasticity.png', n, title)
+    head = '| model | seed | ' + ' | '.join(f'{m} {s}' for m, s in parsed) + ' |'
+    lines = [head, '|---|---:|' + '---:|' * len(parsed), '| NFE | | ' + ' | '.join(
+        str(next(r['nfe'] for r in rows if (r['method'], r['steps']) == ms)) for ms in parsed) + ' |']
+    for model, seed in dict.fromkeys((r['model'], r['seed']) for r in rows):
+        vals = {(r['method'], r['steps']): r['top1'] for r in rows if (r['model'], r['seed']) == (model, seed)}
+        lines.append(f'| `{model}` | {seed} | ' + ' | '.join(f'{vals[ms]:.2f}' for ms in parsed) + ' |')
+    table = '\n'.join(lines) + '\n\n' + IMAGES_LINE.format(n) + '\n'
+    (out / 'elasticity.md').write_text(table)
+    return table
+
+
+def _plot(rows: List[Dict[str, object]], path: Path, n: int, title: str) -> None:
+    from timm_odevit_tools.plots import pyplot
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(6, 4))
+    styles = {'euler': 'o-', 'rk4': 's--'}
+    for model, seed in dict.fromkeys((r['model'], r['seed']) for r in rows):
+        for method in dict.fromkeys(r['method'] for r in rows):
+            pts = sorted((r['nfe'], r['top1']) for r in rows
+                         if (r['model'], r['seed'], r['method']) == (model, seed, method))
+            if pts:
+                name = f'{model.split("_")[0]} s{seed}' if seed != '' else model
+                ax.plot(*zip(*pts), styles.get(method, 'x:'), color='tab:red' if 'ssog' in model else 'tab:blue',
+                        alpha=.55 if seed not in ('', '0') else 1., label=f'{name} {method}')
+    ax.set_xscale('log', base=2)
+    ax.set_xlabel('field evaluations per image (NFE)')
+    ax.set_ylabel(f'top-1 (%), {n} test images')
+    ax.set_title(f'Step-count elasticity ({title})')
+    ax.grid(alpha=.3)
+    ax.legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

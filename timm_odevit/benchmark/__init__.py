@@ -1,1 +1,0 @@
-"""Benchmark of the token mixers across resolutions: ``python -m timm_odevit.benchmark``."""

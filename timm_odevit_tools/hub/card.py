@@ -1,0 +1,223 @@
+"""Model cards: the one renderer of a weight's card (what, data, training recipe with the command that reruns it,
+measured top-1 with the command that measures it, size, usage), in the form timm's ``generate_readme`` takes."""
+import re
+from typing import Any, Dict, List, Optional
+
+import torch
+from torch import nn
+
+from . import hub_id
+from ..data import AUGMENT_SHIFT, FASHION_MNIST_TRAIN_IMAGES
+from timm_odevit.layers import ode_trunk
+from ..train import format_command
+
+__all__ = ['DATASET', 'RECIPE', 'card_description', 'card_stages', 'evaluate_command', 'guidance_line', 'model_card',
+           'staged_lines', 'training_lines']
+
+DATASET = 'Fashion-MNIST'
+RECIPE = 'Training recipe'  # the card's heading of the recipe lines
+# how a teacher line of a --distill logit run starts its loss: the card's description reads the kind back from it
+LOGIT_KD = "logit KD alone (timm's LogitDistillationTask)"
+_STAGE_KEY = re.compile(r'stage (\d+) of \d+, (.+)')
+
+
+def evaluate_command(folder: str, data: str, solver: Optional[str] = None) -> str:
+    """The command that measures a card's top-1: ``python -m timm_odevit_tools.hub evaluate``."""
+    return f'python -m timm_odevit_tools.hub evaluate {folder} --data {data}' + (f' --solver {solver}' if solver else '')
+
+
+def guidance_line(args: Dict[str, Any], guidance: Optional[Dict[str, Any]] = None) -> str:
+    """A teacher-guided run's guidance as one card line: the teacher, where its targets sit on the student's depth
+    axis and the loss as trained. ``guidance``: the run's record (``results.json``: the task's
+    ``guidance_summary``, defaults resolved); without it, the options as given."""
+    teacher = f'teacher `{args["teacher"]}`'
+    if args.get('teacher_checkpoint'):
+        sha = (guidance or {}).get('teacher_checkpoint_sha256')
+        teacher += f' (weights `{args["teacher_checkpoint"]}`' + (f', sha256 {sha})' if sha else ')')
+    if args.get('teacher_kwargs'):
+        teacher += ', kwargs ' + ' '.join(f'{k}={v}' for k, v in dict(args['teacher_kwargs']).items())
+    if args.get('distill') == 'logit':
+        # no targets on a depth axis, only the class scores
+        if not guidance:
+            return f'{teacher}; {LOGIT_KD}; loss weights as the command gives them (the run recorded none resolved)'
+        w = guidance['weights']
+        return (f"{teacher}; {LOGIT_KD}: loss = {w['label']:g} x label loss + {w['logit_kd']:g} x logit KD "
+                f"(T={guidance['kd_temperature']:g})")
+    if not guidance:
+        return teacher + '; loss weights and times as the command gives them (the run recorded no resolved values)'
+    w = guidance['weights']
+    terms = [(w['label'], 'label loss' + (f' (from epoch {guidance["label_loss_start_epoch"]})'
+                                          if guidance['label_loss_start_epoch'] else '')),
+             (w['state'], f'{guidance["state_tokens"].upper() if guidance["state_tokens"] == "cls" else "all-token"} '
+                          f'state MSE (state norm {guidance["state_norm"]})'),
+             (w['attention'], 'CLS attention L1'),
+             (w['logit_kd'], f'logit KD (T={guidance["kd_temperature"]:g})'),
+             (w['jasmin'], f'JaSMin (k={guidance["jasmin_k"]}' + (', detached' if guidance['jasmin_detach'] else '')
+              + ')')]
+    loss = ' + '.join(f'{weight:g} x {name}' for weight, name in terms if weight)
+    times = ', '.join(f'{t:g}' for t in guidance['times']) if guidance['times'] else 'uncalibrated'
+    end = guidance['distill_end_epoch']
+    parts = [teacher,
+             f'{guidance["targets"]} targets (teacher blocks: {guidance["teacher_blocks"]}) at student times '
+             f'{times} (rule {guidance["time_rule"]})',
+             f'loss = {loss}',
+             'teacher terms at full weight throughout' if end is None
+             else f'teacher terms decaying linearly to 0 at epoch {end}']
+    if guidance['copied_from_teacher']:
+        parts.append(f'initialised from the teacher: {", ".join(guidance["copied_from_teacher"])} '
+                     + ('(frozen)' if guidance['copied_frozen'] else '(then trained)'))
+    if guidance['projection']:
+        parts.append("a learned linear projection maps the student's width to the teacher's")
+    return '; '.join(parts)
+
+
+def training_lines(args: Dict[str, Any], cfg: Dict[str, Any], threads: Optional[int] = None,
+                   history: Optional[List[Dict[str, Any]]] = None,
+                   guidance: Optional[Dict[str, Any]] = None, ema_published: bool = True,
+                   device_name: Optional[str] = None) -> Dict[str, str]:
+    """One run of ``python -m timm_odevit_tools.train`` (its options as a dict) as card lines: data, schedule, budget,
+    model kwargs, the teacher guidance of a guided run and the command that reruns it. ``threads``: the run's CPU
+    threads (default: what the run recorded, else 1); ``history`` and ``guidance``: its per-epoch record and its
+    resolved guidance (``results.json``), for the wall time and the teacher line; ``ema_published``: whether a run
+    that kept an EMA is published with its EMA weights; ``device_name``: the GPU a run recorded (``results.json``)."""
+    size = cfg['input_size']
+    kwargs = args.get('model_kwargs') or {}
+    threads = threads or args.get('threads') or 1
+    n_train = args.get('train_samples') or FASHION_MNIST_TRAIN_IMAGES
+    per_epoch = min(n_train, args['max_steps_per_epoch'] * args['batch_size']) if args.get('max_steps_per_epoch') \
+        else n_train
+    precision = 'bf16 autocast' if args.get('amp') == 'bf16' else 'fp32'
+    where = f'{threads} CPU thread(s)' if args.get('device', 'cpu') == 'cpu' else \
+        f'`{args["device"]}`' + (f' ({device_name})' if device_name and device_name != args['device'] else '')
+    budget = f'{args["epochs"] * per_epoch:,} images seen ({args["epochs"]} epochs of {per_epoch:,})'
+    if history and sorted(h['epoch'] for h in history) == list(range(args['epochs'])):
+        # minutes only from a record of every epoch: a partial one (a run resumed without its record) undercounts
+        seconds = sum(h.get('train_seconds') or per_epoch / h['images_per_second'] for h in history)
+        budget += f', {seconds / 60:.1f} min of training steps (validation aside)'
+    lines = {
+        'data': f'{n_train} Fashion-MNIST training images (a fixed subset seeded '
+                f'{args["seed"]}), resized 28 -> {size[-1]} px, {size[0]} channel(s), normalised mean '
+                f'{cfg["mean"]} / std {cfg["std"]}, '
+                + (f'random horizontal flip and shift of up to {AUGMENT_SHIFT} px' if args.get('augment')
+                   else 'no augmentation'),
+        'schedule': f'{args["epochs"]} epochs, batch {args["batch_size"]}, {args.get("opt", "adamw")} lr {args["lr"]} '
+                    f'weight decay {args["weight_decay"]}, {args["warmup_epochs"]} warm-up epoch(s) then '
+                    f'{args.get("sched", "cosine")} per step to {args["min_lr"]}, grad clip {args["clip_grad"]}, '
+                    + (f'label smoothing {args["smoothing"]}, ' if args.get('smoothing') else '')
+                    + precision + ((', EMA weights' if ema_published else ', an EMA kept but not published: these are '
+                                   'the raw weights of the last epoch') if args.get('model_ema') else ''),
+        'budget': f'{budget}, {where}, {precision}',
+        'model kwargs while training': ', '.join(f'{k}={v}' for k, v in kwargs.items())
+                                       or 'none (the registered defaults)',
+    }
+    if args.get('teacher'):
+        lines['teacher guidance'] = guidance_line(args, guidance)
+    lines['command'] = f'`{format_command(args, threads)}`'
+    return lines
+
+
+def staged_lines(stages: List[Dict[str, str]]) -> Dict[str, str]:
+    """The card lines of several runs in training order, each continuing from the weights of the one before, as
+    one recipe whose keys name the stage ('stage 2 of 2, schedule'); a one-stage recipe keeps its keys."""
+    if len(stages) == 1:
+        return dict(stages[0])
+    return {f'stage {i} of {len(stages)}, {k}': v for i, stage in enumerate(stages, 1) for k, v in stage.items()}
+
+
+def card_stages(card: str) -> List[Dict[str, str]]:
+    """A card's recipe as its stages' lines in training order (the inverse of ``staged_lines`` on a card that
+    ``model_card`` rendered): one stage for a one-run recipe, none for a card without a recipe."""
+    stages: Dict[int, Dict[str, str]] = {}
+    inside = False
+    for line in card.splitlines():
+        if line == f'- **{RECIPE}:**':
+            inside = True
+        elif inside and line.startswith('  - '):
+            key, _, value = line[4:].partition(': ')
+            m = _STAGE_KEY.fullmatch(key)
+            stages.setdefault(int(m.group(1)) if m else 1, {})[m.group(2) if m else key] = value
+        elif inside:
+            break
+    return [stages[i] for i in sorted(stages)]
+
+
+def card_description(card: str, name: str) -> Optional[str]:
+    """The description paragraph of the card timm's ``generate_readme`` rendered for ``name`` (None without one)."""
+    title = f'# Model card for {name}\n\n'
+    return card[card.index(title) + len(title):].split('\n\n', 1)[0] if title in card else None
+
+
+def model_card(
+        arch: str,
+        tag: str,
+        model: nn.Module,
+        metrics: Dict[str, Any],
+        recipe: Optional[Dict[str, Any]] = None,
+        description: Optional[str] = None,
+        dtype: torch.dtype = torch.float32,
+) -> Dict[str, Any]:
+    """The card as timm's generate_readme takes it (what, data, recipe, top-1 with its command, size, usage).
+
+    ``recipe``: the training run's lines (``training_lines``, or ``staged_lines`` for a run that continued from
+    earlier weights), or None for weights of unknown provenance;
+    ``dtype``: the precision the weights file stores (float32 unless the export said otherwise).
+    """
+    from ..benchmark.runner import count_gmacs
+    size = model.pretrained_cfg['input_size']
+    params = sum(p.numel() for p in model.parameters())
+    rid = hub_id(arch, tag)
+    details: Dict[str, Any] = {
+        'Model Type': 'Image classification',
+        'Architecture': f'`{arch}` from timm_odevit (registered in timm on `import timm_odevit`)',
+        'Params (M)': f'{params / 1e6:.3f}',
+        'GMACs': f'{count_gmacs(model, size[-1]):.4f}',
+        'Image size': f'{size[-1]} x {size[-2]}, {size[0]} channel(s)',
+        'Dataset': DATASET,
+        'License': 'apache-2.0',
+    }
+    trunk = ode_trunk(model)
+    if trunk is not None:
+        details['ODE solver'] = (f'{trunk.method}, {trunk.steps} steps (what `pretrained=True` gives, from '
+                                 '`config.json`; `model.set_solver(method=..., steps=...)` changes it)')
+    if dtype != torch.float32:
+        details['Stored precision'] = (f'{str(dtype).replace("torch.", "")} (timm loads it into a float32 model; the '
+                                       'top-1 figures below are those of the stored weights)')
+    if recipe:
+        details[RECIPE] = dict(recipe)
+    results = {}
+    for name, m in metrics.items():
+        results[name] = (f'top-1 {m["top1"]:.2f}% ({m["correct"]}/{m["n"]}), reproduce with '
+                         f'`{m["command"]}`')
+    details['Measured'] = results
+    usage = (
+        '```python\nimport timm, timm_odevit, torch\n\n'
+        f"model = timm.create_model('{arch}.{tag}', pretrained=True).eval()   # or 'hf-hub:{rid}'\n"
+        "cfg = timm.data.resolve_data_config(model=model)\n"
+        "transform = timm.data.create_transform(**cfg)                  "
+        f"# grey PIL image in, {size[0]}x{size[1]}x{size[2]} out\n"
+        "# timm's validate.py: python -m timm_odevit.run validate.py --dataset torch/fashion_mnist \\\n"
+        f"#   --data-dir DATA --split test --model {arch}.{tag} --pretrained --in-chans 1\n```\n")
+    keys = list(recipe or {})
+    guidance = [v for k, v in (recipe or {}).items() if k.endswith('teacher guidance')]
+    kind = 'logit distillation' if any(LOGIT_KD in v for v in guidance) else 'trajectory distillation'
+    staged = [m for m in map(_STAGE_KEY.fullmatch, keys) if m]
+    stages = len({m.group(1) for m in staged})
+    if any(k == 'initialised from' or (k.startswith('stage 1 of ') and k.endswith(', initialised from')) for k in keys):
+        start = 'from other weights'  # its first stage started from weights whose recipe is not known
+    else:
+        start = 'from scratch' + (f' in {stages} stages, each from the weights of the one before' if stages else '')
+    if guidance:
+        # which stages a teacher guided: a weight whose teacher joined late is mostly its own training
+        guided = [m.group(1) for m in staged if m.group(2) == 'teacher guidance']
+        start += f', guided by a teacher ({kind})' + (
+            f' in stage{"s" if len(guided) > 1 else ""} {", ".join(guided)}' if stages > len(guided) else '')
+    return {
+        'tags': ['image-classification', 'timm', 'timm_odevit'],
+        'license': 'apache-2.0',
+        'description': description or (
+            f'`{arch}` trained {start}'
+            + f' on {DATASET} (28x28 grey clothing images, 10 classes, resized to {size[-1]} px) on a CPU; the '
+            'training recipe and the measured top-1 are below.'),
+        'details': details,
+        'usage': usage,
+    }
