@@ -9,7 +9,7 @@ import timm
 import timm_odevit  # noqa: F401
 from timm.data import create_dataset, create_transform, resolve_data_config
 
-from timm_odevit import data as fm
+from timm_odevit_tools import data as fm
 
 
 def test_sample_is_small_seeded_and_balanced(tmp_path):
@@ -128,7 +128,7 @@ def _read_in_a_fresh_process(args):
     cache, src = args
     import os
     os.environ['XDG_CACHE_HOME'] = cache
-    from timm_odevit import data
+    from timm_odevit_tools import data
     root = data.prepare_fashion_mnist(src)
     return len(data.fashion_mnist_dataset(root, 'test'))
 

@@ -282,7 +282,7 @@ def test_full_disk_while_exporting_changes_nothing_and_a_retry_succeeds(tmp_path
 
 def test_full_disk_while_building_the_data_cache_changes_nothing_and_a_retry_succeeds(tmp_path, monkeypatch):
     import shutil
-    from timm_odevit import data as fm
+    from timm_odevit_tools import data as fm
     from timm_odevit_tools.files import WriteFailed
     root = tmp_path / 'cache'
     (root / 'keep.txt').parent.mkdir(parents=True)

@@ -22,7 +22,7 @@ from safetensors.torch import load_file
 
 import timm
 import timm_odevit  # noqa: F401
-from timm_odevit import data as fm
+from timm_odevit_tools import data as fm
 from timm_odevit_tools.hub import ORG, MANIFEST_FILE, hub_id
 from timm_odevit_tools.hub.demo import hub_env
 from timm_odevit.models.pretrained import FMNIST_TAG
@@ -210,7 +210,7 @@ def test_missing_repo_and_file_raise_hub_errors(mirror, tmp_path):
 
 _EVAL_CLIENT = """
 import json, sys, timm, timm_odevit
-from timm_odevit import data as fm
+from timm_odevit_tools import data as fm
 from timm_odevit_tools.evaluate import evaluate
 model = timm.create_model(sys.argv[1], pretrained=True)
 r = evaluate(model, fm.load_tensors(fm.SAMPLE_DIR, model=model, cache_root=sys.argv[2]))

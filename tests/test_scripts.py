@@ -24,7 +24,7 @@ from timm.task import ClassificationTask
 from timm.utils import CheckpointSaver, ModelEmaV3
 
 from timm_odevit import _autoload
-from timm_odevit import data as fm
+from timm_odevit_tools import data as fm
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 WEIGHTS = REPO_ROOT / 'weights'

@@ -13,7 +13,7 @@ import yaml
 
 import timm
 import timm_odevit  # noqa: F401
-from timm_odevit import data as fm
+from timm_odevit_tools import data as fm
 from timm_odevit_tools.evaluate import evaluate, parse_solver
 from timm_odevit.models.families import FAMILIES
 from timm_odevit.models.pretrained import FMNIST_CFG

@@ -8,7 +8,7 @@ import torch
 
 import timm
 import timm_odevit  # noqa: F401
-from timm_odevit import data as fm
+from timm_odevit_tools import data as fm
 from timm_odevit_tools.evaluate import evaluate, evaluate_solved, parse_solver, solver_of
 from timm_odevit.layers import OdeSolverError
 from timm_odevit_tools.train import (format_command, is_training_command, main, model_from_checkpoint, parse_args,
