@@ -12,6 +12,8 @@ from timm_odevit_tools.train import PROG, format_command, is_training_command, r
 from timm_odevit_tools.hub import CARD_FILE
 from timm_odevit_tools.hub.verify import EXPORT_FIX
 
+from .paper import PAPER_GAIN, PAPER_GUIDANCE_GAIN, PAPER_STEER_GAIN
+
 __all__ = ['card_commands', 'card_facts', 'card_teacher_sha256', 'guided_table', 'learning_curves',
            'matched_table', 'steered_table', 'training_budget', 'weights_table']
 
@@ -125,7 +127,6 @@ def _twin_trained_alike(repo: Path, family: Family) -> Optional[Path]:
 def matched_table(root: Path) -> str:
     """Markdown: SSoG minus its dense twin, one row per SSoG weight whose twin is published under the same tag and
     was trained by the same command (the model name aside); pairs with other recipes are left out, not compared."""
-    from .study.report import PAPER_GAIN
     lines = ['| setting | SSoG weights | top-1 SSoG | dense twin | top-1 dense | SSoG minus dense (points) | '
              'paper gain | training images seen |', '|---|---|---:|---|---:|---:|---:|---|']
     rows = []
@@ -232,7 +233,6 @@ def guided_table(root: Path) -> str:
     """Markdown: teacher-guided against scratch, one row per pair of ``guided_pairs``. Top-1 on the full test set
     as ``pretrained=True`` solves it, and at the architecture's default where an ODE weight was trained on another
     grid."""
-    from .study.guidance import PAPER_GUIDANCE_GAIN
     lines = ['| student | teacher | scratch weights | top-1 scratch | guided weights | top-1 guided | '
              'guided minus scratch (points) | paper gain | training images seen | training min, scratch / guided |',
              '|---|---|---|---:|---|---:|---:|---:|---|---:|']
@@ -279,7 +279,6 @@ def steered_table(logs: Path, root: Path) -> str:
     must not depend on which one won. Each model is scored as it would be published (the EMA after the last epoch
     where the run kept one) on the run's validation images; the full-test top-1 of whichever is published under
     ``root`` stands beside it."""
-    from .study.report import PAPER_GAIN, PAPER_STEER_GAIN
     lines = ['| setting | validation images | dense twin | fixed SSoG | steered SSoG | steered minus fixed (points) | '
              'steered minus dense (points) | standard error of one top-1 (points) | '
              'published, full test (10,000) |', '|---|---:|---|---|---|---:|---:|---:|---|']

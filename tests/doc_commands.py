@@ -97,9 +97,10 @@ def check_module(module: str, args: List[str]) -> None:
             if not (Path.cwd() / path.split('::')[0]).exists():
                 fail(f'pytest {path}: no such test path')
         return
-    if not module.startswith('timm_odevit'):
+    if not module.startswith(('timm_odevit', 'experiments')):
         fail(f'-m {module}: not a module of this project')
-    if module == 'timm_odevit_tools.train':
+    sys.path.insert(0, os.getcwd())  # as python -m does: experiments/ is a folder of the checkout, not installed
+    if module in ('timm_odevit_tools.train', 'timm_odevit.train'):
         return check_training(args)
     if module == 'timm_odevit.run':
         if not args or Path(args[0]).name not in TIMM_SCRIPTS:

@@ -193,7 +193,7 @@ def test_commands_name_modules_that_exist(page):
     for m in _FENCE.finditer(page.read_text()):
         if m['lang'] in ('bash', 'sh', ''):
             for mod in re.findall(r'python -m ([\w.]+)', m['body']):
-                if mod.startswith('timm_odevit') and importlib.util.find_spec(mod) is None:
+                if mod.startswith(('timm_odevit', 'experiments')) and importlib.util.find_spec(mod) is None:
                     missing.append(mod)
     assert not missing, f'{_rel(page)}: commands name modules that do not exist: {missing}'
 

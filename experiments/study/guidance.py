@@ -23,15 +23,14 @@ from typing import Any, Dict, List, Optional, Sequence
 import torch
 
 from timm_odevit.layers import SOLVER_OPTIONS
+from ..paper import PAPER_GUIDANCE_GAIN
 from .report import mean_sd
 from .runs import RUN_OPTIONS, Run, StudyRecipe
 
-__all__ = ['ARMS', 'PAPER_GUIDANCE_GAIN', 'check_teacher', 'guidance_setup', 'guidance_runs', 'guidance_variants',
+__all__ = ['ARMS', 'check_teacher', 'guidance_setup', 'guidance_runs', 'guidance_variants',
            'record_full_test', 'teacher_checkpoint', 'write_guidance_report', 'write_weights_trajectory']
 
 ARMS = ('scratch', 'guided')
-# ODE-ViT: a teacher-guided ODE-ViT gains more than 10 points over the free one (CIFAR-100, 300 epochs)
-PAPER_GUIDANCE_GAIN = 10.0
 # the trajectory is compared scale-free (1 - cosine of CLS states): raw states of teacher and student differ in norm
 TRAJECTORY_NORM = 'cosine'
 # the published students' trajectory: in the teacher's basis, and as relations between images (blind to a basis)
@@ -419,7 +418,7 @@ def _guiding_teacher(guided: Path, named: str, teacher_root: Optional[Path], his
     """The file of the teacher that guided ``guided`` (its card names it as ``named``, relative to the repository,
     and records its sha256): under ``teacher_root`` when given, else in the working directory, else (a file since
     replaced) the version of that sha256 from git history, laid out under ``history``."""
-    from timm_odevit_tools.hub.table import card_teacher_sha256
+    from ..tables import card_teacher_sha256
     from timm_odevit_tools.hub.verify import sha256_file, version_from_history
     sha = card_teacher_sha256(guided)
     path = Path(teacher_root or '.') / named
@@ -455,7 +454,7 @@ def write_weights_trajectory(root: Path, out_dir: Path, test_samples: int = 256,
     the repository) is looked for under ``teacher_root``; by default in the working directory (the repository root)
     or, when that file has since been replaced, as the version of the card's sha256 in git history."""
     from safetensors.torch import load_file
-    from timm_odevit_tools.hub.table import card_commands, card_target_times, guided_pairs
+    from ..tables import card_commands, card_target_times, guided_pairs
     from timm_odevit_tools.train import recorded_args
     from timm_odevit_tools.train.command import build_task
     rows: List[Dict[str, Any]] = []

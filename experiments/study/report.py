@@ -7,15 +7,11 @@ from pathlib import Path
 from typing import Any, Dict, List, Sequence
 
 from timm_odevit_tools.train import read_summary
+from ..paper import PAPER_GAIN
 from .runs import STUDY_PAIRS
 
-__all__ = ['PAPER_GAIN', 'PAPER_STEER_GAIN', 'collect', 'write_report']
+__all__ = ['collect', 'write_report']
 
-# top-1 gain over the dense twin (points): the SSoG abstract (CIFAR-100 at 224 px) per depth setting for the fixed
-# kernels; 4rtemi5/ssog's ImageNet-1k table (widths 256 and 384) for the steered ones
-PAPER_GAIN = {'discrete': (2.2, 4.1), 'looped': (5.4, 8.1), 'ode': (2.2, 4.1), 'steered': (0.2, 0.9)}
-# steered minus fixed kernels (points): 4rtemi5/ssog's ImageNet-1k table puts the fixed field about 2 points below
-PAPER_STEER_GAIN = 2.0
 
 
 def collect(root: Path) -> List[Dict[str, Any]]:
