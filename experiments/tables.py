@@ -1,6 +1,7 @@
-"""The tables of published weights, read from the model cards (one source of truth: the cards) and the committed
-training logs: the README's weights table, the matched SSoG-minus-dense comparison, teacher-guided against scratch,
-the three-way dense, fixed and steered SSoG comparison of training runs, and the learning curves."""
+"""The tables of published weights, read from their records and their cards' model-index (data, never a card's
+Markdown), and from the committed training logs: the README's weights table, the matched SSoG-minus-dense comparison,
+teacher-guided against scratch, the three-way dense, fixed and steered SSoG comparison of training runs, and the
+learning curves."""
 import json
 import math
 import re
@@ -10,56 +11,47 @@ from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 from timm_odevit.models.families import FAMILIES, SETTINGS, Family, family_of
 from timm_odevit_tools.train import PROG, format_command, is_training_command, read_summary, recorded_args
 from timm_odevit_tools.hub import CARD_FILE
+from timm_odevit_tools.hub.record import RECORD_FILE, read_record, read_results, top1
 from timm_odevit_tools.hub.verify import EXPORT_FIX
 
 from .paper import PAPER_GAIN, PAPER_GUIDANCE_GAIN, PAPER_STEER_GAIN
 
-__all__ = ['card_commands', 'card_facts', 'card_teacher_sha256', 'guided_table', 'learning_curves',
-           'matched_table', 'steered_table', 'training_budget', 'weights_table']
+__all__ = ['guided_pairs', 'guided_table', 'learning_curves', 'matched_table', 'stage_commands', 'steered_table',
+           'teacher_sha256', 'teacher_target_times', 'training_budget', 'weight_facts', 'weights_table']
 
-_FIELDS = {
-    'params': r'\*\*Params \(M\):\*\* ([\d.]+)',
-    'gmacs': r'\*\*GMACs:\*\* ([\d.]+)',
-    'image': r'\*\*Image size:\*\* (\d+) x \d+, (\d) channel',
-    'sample': r'sample \(1,000 test images, bundled\): top-1 ([\d.]+)%',
-    'test': r'Fashion-MNIST test set \(10,000 images\): top-1 ([\d.]+)%',
-}
-# an ODE weight trained on another grid than its architecture's default: the card's full-test top-1 at that default
-_DEFAULT_SOLVER = (r"test set \(10,000 images\), at the architecture's default solver \(\w+, (\d+) steps\): "
-                   r'top-1 ([\d.]+)%')
-
-
-def card_facts(repo_dir: Path) -> Dict[str, str]:
-    """Params, GMACs, input size and the two top-1 figures a model card states (ValueError naming what is missing),
-    and for an ODE weight trained on another grid than its architecture's default the default's step count and
-    full-test top-1 (``default_solver_steps``, ``test_default_solver``)."""
-    card = (Path(repo_dir) / CARD_FILE).read_text(encoding='utf-8')
-    facts = {}
-    for key, pattern in _FIELDS.items():
-        m = re.search(pattern, card)
-        if not m:
-            raise ValueError(f'{repo_dir / CARD_FILE} lacks its {key}: re-export it with `{EXPORT_FIX}` '
-                             f'(a study run: python -m experiments.study export), or re-render its card from its '
-                             f'config: python -m timm_odevit_tools.hub remeasure {repo_dir}.')
-        facts[key] = m.group(1) if key != 'image' else f'{m.group(2)}x{m.group(1)}x{m.group(1)}'
-    m = re.search(_DEFAULT_SOLVER, card)
-    if m:
-        facts['default_solver_steps'], facts['test_default_solver'] = m.groups()
+def weight_facts(repo_dir: Path) -> Dict[str, str]:
+    """Params (M), GMACs, input size and the top-1 on the sample and the full test set of a published weight, as
+    its card states them, from its record and its card's model-index; for an ODE weight trained on another grid
+    than its architecture's default, the default's step count and full-test top-1 (``default_solver_steps``,
+    ``test_default_solver``)."""
+    record, results = read_record(repo_dir), read_results(repo_dir)
+    c, h, w = record['input_size']
+    facts = {'params': f'{record["params"] / 1e6:.3f}', 'gmacs': f'{record["gmacs"]:.4f}', 'image': f'{c}x{h}x{w}'}
+    for key, data in (('sample', 'sample'), ('test', 'full')):
+        value = top1(results, data, record['solver'])
+        if value is None:
+            raise ValueError(f'{Path(repo_dir) / CARD_FILE} has no top-1 on the {data} test set at '
+                             f'{record["solver"] or "its depth"}: re-measure it with '
+                             f'`python -m timm_odevit_tools.hub remeasure {repo_dir}`.')
+        facts[key] = f'{value:.2f}'
+    default = record.get('default_solver')
+    value = top1(results, 'full', default) if default else None
+    if value is not None:
+        facts['default_solver_steps'], facts['test_default_solver'] = default.split(':')[1], f'{value:.2f}'
     return facts
 
 
 def training_budget(repo_dir: Path) -> str:
-    """Images seen in training, from the card's recipe: each stage's training images times its epochs, e.g.
-    '660k (11 epochs of 60,000)' (ValueError when the card states no recipe)."""
-    card = (Path(repo_dir) / CARD_FILE).read_text(encoding='utf-8')
-    sizes = [int(n) for n in re.findall(r'data: (\d+) (?:Fashion-MNIST )?training images', card)]
-    epochs = [int(n) for n in re.findall(r'schedule: (\d+) epochs', card)]
-    if not sizes or len(sizes) != len(epochs):
-        raise ValueError(f'{repo_dir / CARD_FILE} states no training data and schedule per stage: re-export it with '
+    """Images seen in training over every stage of a weight's record, e.g. '660k (11 epochs of 60,000)' (ValueError
+    when the record states no stage)."""
+    stages = read_record(repo_dir)['stages']
+    if not stages:
+        raise ValueError(f'{Path(repo_dir) / RECORD_FILE} states no training stage: re-export it with '
                          f'`{EXPORT_FIX}`.')
-    seen = sum(n * e for n, e in zip(sizes, epochs))
+    sizes = [stage['images_per_epoch'] for stage in stages]
+    seen = sum(stage['images_per_epoch'] * stage['epochs'] for stage in stages)
     of = f'of {sizes[0]:,}' if len(set(sizes)) == 1 else 'in all'
-    return f'{seen / 1000:,.0f}k ({sum(epochs)} epochs {of})'
+    return f'{seen / 1000:,.0f}k ({sum(stage["epochs"] for stage in stages)} epochs {of})'
 
 
 def weights_table(root: Path) -> str:
@@ -70,7 +62,7 @@ def weights_table(root: Path) -> str:
                         "top-1 sample (1,000) | top-1 test (10,000) | top-1 test, architecture's default solver |",
                         '|---|---|---:|---:|---|---:|---:|---:|']
     for repo in sorted(p for p in Path(root).iterdir() if p.is_dir()):
-        f = card_facts(repo)
+        f = weight_facts(repo)
         lines.append(f'| `{repo.name}` | {f["image"]} | {f["params"]} | {f["gmacs"]} | {training_budget(repo)} | '
                      f'{f["sample"]}% | {f["test"]}% | '
                      + (f'{f["test_default_solver"]}% ({f["default_solver_steps"]} steps) |'
@@ -78,9 +70,9 @@ def weights_table(root: Path) -> str:
     return '\n'.join(lines) + '\n'
 
 
-def card_commands(repo_dir: Path) -> List[str]:
-    """The commands that trained a weight, one per stage in training order, as its card states them."""
-    return re.findall(r'command: `([^`]+)`', (Path(repo_dir) / CARD_FILE).read_text(encoding='utf-8'))
+def stage_commands(repo_dir: Path) -> List[str]:
+    """The commands that trained a weight, one per stage in training order, as its record states them."""
+    return [stage['command'] for stage in read_record(repo_dir)['stages'] if stage.get('command')]
 
 
 # a fixed-kernel SSoG model's name where a command names it (a stage starting from an SSoG model of another depth)
@@ -119,7 +111,7 @@ def _twin_trained_alike(repo: Path, family: Family) -> Optional[Path]:
     arch, _, tag = repo.name.partition('.')
     size = arch[len(family.name):]
     twin = repo.parent / f'{family.twin}{size}.{tag}'
-    if twin.is_dir() and _same_recipe(card_commands(repo), card_commands(twin), arch, family.twin + size):
+    if twin.is_dir() and _same_recipe(stage_commands(repo), stage_commands(twin), arch, family.twin + size):
         return twin
     return None
 
@@ -157,7 +149,7 @@ def _scratch_command(command: str) -> str:
 def _top1_cells(repo: Path) -> Tuple[float, Optional[Tuple[str, float]]]:
     """Full-test top-1 as ``pretrained=True`` solves it and, for an ODE weight trained on another grid than its
     architecture's default, (steps, top-1) at that default."""
-    f = card_facts(repo)
+    f = weight_facts(repo)
     default = (f['default_solver_steps'], float(f['test_default_solver'])) if 'test_default_solver' in f else None
     return float(f['test']), default
 
@@ -176,11 +168,9 @@ def _compared_cells(a: Path, b: Path) -> Tuple[str, str, str]:
 
 
 def _training_minutes(repo: Path) -> str:
-    """Minutes of training steps over every stage of a card's recipe ('?' unless each stage states its own)."""
-    card = (Path(repo) / CARD_FILE).read_text(encoding='utf-8')
-    minutes = [float(m) for m in re.findall(r'([\d.]+) min of training steps', card)]
-    stages = len(re.findall(r'schedule: \d+ epochs', card))
-    return f'{sum(minutes):.1f}' if minutes and len(minutes) == stages else '?'
+    """Minutes of training steps over every stage of a weight's record ('?' unless each stage states its own)."""
+    minutes = [stage.get('minutes') for stage in read_record(repo)['stages']]
+    return f'{sum(minutes):.1f}' if minutes and None not in minutes else '?'
 
 
 def guided_pairs(root: Path) -> Iterator[Tuple[str, str, Path, Path]]:
@@ -191,7 +181,7 @@ def guided_pairs(root: Path) -> Iterator[Tuple[str, str, Path, Path]]:
     # weights of the training command only (older cards name a former command): options and teacher-free recipe
     published = []
     for repo in sorted(p for p in Path(root).iterdir() if p.is_dir()):
-        commands = card_commands(repo)
+        commands = stage_commands(repo)
         if commands and all(map(is_training_command, commands)):
             published.append((repo, recorded_args(commands[-1]), [_scratch_command(c) for c in commands]))
     for guided, args, recipe in published:
@@ -203,30 +193,28 @@ def guided_pairs(root: Path) -> Iterator[Tuple[str, str, Path, Path]]:
                 yield arch, args.teacher, scratch, guided
 
 
-def _guiding_stage_line(repo_dir: Path) -> Optional[str]:
-    """The card's teacher guidance line of its last guided stage: the stage that guided the trajectory (earlier
-    stages of a continued weight may name other teachers, e.g. a CNN's logit KD)."""
-    card = (Path(repo_dir) / CARD_FILE).read_text(encoding='utf-8')
-    lines = re.findall(r'^\s*- (?:stage \d+ of \d+, )?teacher guidance: (.*)$', card, flags=re.M)
-    return lines[-1] if lines else None
+def _guiding_teacher(repo_dir: Path) -> Dict[str, Any]:
+    """The teacher of a weight's last guided stage: the stage that guided the trajectory (earlier stages of a
+    continued weight may name other teachers, e.g. a CNN's logit KD); empty for a weight no teacher guided."""
+    teachers = [stage['teacher'] for stage in read_record(repo_dir)['stages'] if stage.get('teacher')]
+    return teachers[-1] if teachers else {}
 
 
-def card_target_times(repo_dir: Path) -> List[float]:
-    """The student times of a guided weight's targets, as its card states them for the guided (last guided) stage,
-    rounded as the card writes them."""
-    m = re.search(r'at student times ([\d., ]+) \(rule', _guiding_stage_line(repo_dir) or '')
-    if not m:
-        raise ValueError(f'{repo_dir / CARD_FILE} states no student times of its targets: '
+def teacher_target_times(repo_dir: Path) -> List[float]:
+    """The student times of a guided weight's targets in its guided (last guided) stage, rounded as its card writes
+    them."""
+    times = _guiding_teacher(repo_dir).get('times')
+    if not times:
+        raise ValueError(f'{Path(repo_dir) / RECORD_FILE} states no student times of its targets: '
                          '--kind guided and trajectory read guided weights only (a --teacher run); re-export this '
                          f'one from its guided run with `{EXPORT_FIX}`.')
-    return [float(t) for t in m.group(1).split(',')]
+    return list(times)
 
 
-def card_teacher_sha256(repo_dir: Path) -> Optional[str]:
-    """The sha256 of the teacher weights that guided a weight's trajectory (its last guided stage), as its card states
-    it (None where that stage names no hash: cards exported before runs recorded one)."""
-    m = re.search(r'\(weights `[^`]+`, sha256 ([0-9a-f]{64})\)', _guiding_stage_line(repo_dir) or '')
-    return m.group(1) if m else None
+def teacher_sha256(repo_dir: Path) -> Optional[str]:
+    """The sha256 of the teacher weights that guided a weight's trajectory (its last guided stage), as its record
+    states it (None where that stage names no hash: runs that recorded none)."""
+    return _guiding_teacher(repo_dir).get('sha256')
 
 
 def guided_table(root: Path) -> str:
@@ -267,8 +255,8 @@ def _params_m(command: str) -> float:
 def _published_cell(repo: Path) -> str:
     """A published weight's full-test top-1 beside the runs it may have come from; a weight continued by later stages
     says so, since its top-1 is no longer that of the run."""
-    stages = len(card_commands(repo))
-    return f'`{repo.name}` {card_facts(repo)["test"]}%' + (f' (after {stages} stages)' if stages > 1 else '')
+    stages = len(stage_commands(repo))
+    return f'`{repo.name}` {weight_facts(repo)["test"]}%' + (f' (after {stages} stages)' if stages > 1 else '')
 
 
 def steered_table(logs: Path, root: Path) -> str:

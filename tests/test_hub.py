@@ -13,11 +13,12 @@ import sys
 import urllib.error
 import urllib.request
 from pathlib import Path
-from typing import Dict, List, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 import pytest
 import torch
+from huggingface_hub import EvalResult, ModelCard
 from safetensors.torch import load_file
 
 import timm
@@ -28,6 +29,7 @@ from timm_odevit_tools.hub.demo import hub_env
 from timm_odevit.models.pretrained import FMNIST_TAG
 from timm_odevit_tools.hub.server import REFUSED_STATUS, HubMirror, _header_safe
 from timm_odevit_tools.hub.export import stored_dtype
+from timm_odevit_tools.hub.record import RECORD_FILE, read_record, read_results, top1
 from timm_odevit_tools.hub.verify import build_manifest, sha256_file, verify_root, write_manifest
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -78,6 +80,47 @@ def mirror():
         yield m
 
 
+def edit_record(repo: Path, edit: Callable[[Dict], None]) -> None:
+    """Change a weights folder's record.json in place (``edit`` takes the record)."""
+    path = Path(repo) / RECORD_FILE
+    record = json.loads(path.read_text())
+    edit(record)
+    path.write_text(json.dumps(record))
+
+
+def edit_commands(repo: Path, old: str, new: str, stages: slice = slice(None)) -> int:
+    """Replace ``old`` with ``new`` in the commands of a folder's record (``stages`` of them, e.g. ``slice(-1,
+    None)`` for the last) and in their card lines; how many commands changed."""
+    changed = []
+
+    def edit(record: Dict) -> None:
+        for stage in record['stages'][stages]:
+            if old in stage['command']:
+                stage['command'] = stage['command'].replace(old, new)
+                stage['lines']['command'] = f'`{stage["command"]}`'
+                changed.append(stage)
+    edit_record(repo, edit)
+    return len(changed)
+
+
+def set_top1(repo: Path, value: float, data: str = 'full', solver: Optional[str] = None) -> None:
+    """Set one top-1 of a folder's card model-index: on ``data`` ('sample' or 'full') at ``solver`` (default: the
+    solver its record names, 'discrete' for a discrete model)."""
+    path = Path(repo) / 'README.md'
+    card = ModelCard.load(path)
+    solver = solver or json.loads((Path(repo) / RECORD_FILE).read_text())['solver'] or 'discrete'
+    hits = [r for r in card.data.eval_results if r.dataset_config == data and r.metric_config == solver]
+    assert len(hits) <= 1, (repo, data, solver, card.data.eval_results)
+    if hits:
+        hits[0].metric_value = value
+    else:  # a figure the export did not measure (e.g. the full test set after --no-full)
+        like = card.data.eval_results[0]
+        card.data.eval_results.append(EvalResult(task_type=like.task_type, dataset_type=like.dataset_type,
+                                                 dataset_name=data, dataset_config=data, dataset_split='test',
+                                                 metric_type='accuracy', metric_value=value, metric_config=solver))
+    card.save(path)
+
+
 def test_weights_folder_is_complete_and_matches_manifest():
     assert REPOS, 'no published weights under weights/'
     manifest = json.loads((WEIGHTS / MANIFEST_FILE).read_text())
@@ -85,8 +128,30 @@ def test_weights_folder_is_complete_and_matches_manifest():
     assert all(not errs for errs in verify_root(WEIGHTS).values()), verify_root(WEIGHTS)
     for repo in REPOS:
         names = {p.name for p in (WEIGHTS / repo).iterdir()}
-        assert names == {'model.safetensors', 'config.json', 'README.md'}, (repo, names)
+        assert names == {'model.safetensors', 'config.json', 'README.md', RECORD_FILE}, (repo, names)
         assert (WEIGHTS / repo / 'model.safetensors').stat().st_size < 25e6
+
+
+@pytest.mark.parametrize('repo', REPOS)
+def test_record_states_what_the_weights_are(repo):
+    """A published folder's record.json agrees with its weights (name, params, input, stored precision, solver) and
+    its card's model-index holds the top-1 on the sample and the full test set at that solver (and at the
+    architecture's default where the record names one)."""
+    from timm_odevit_tools.evaluate import solver_of
+    record = read_record(WEIGHTS / repo)
+    model = timm.create_model(f'local-dir:{WEIGHTS / repo}', pretrained=True)
+    assert record['weights'] == repo and record['architecture'] == repo.split('.')[0]
+    assert record['params'] == sum(p.numel() for p in model.parameters())
+    assert record['input_size'] == list(model.pretrained_cfg['input_size'])
+    assert record['stored_dtype'] == str(stored_dtype(WEIGHTS / repo / 'model.safetensors')).replace('torch.', '')
+    assert (record['solver'] or 'discrete') == solver_of(model)
+    results = read_results(WEIGHTS / repo)
+    for data in ('sample', 'full'):
+        assert top1(results, data, record['solver']) is not None, (repo, data)
+        if record['default_solver']:
+            assert top1(results, data, record['default_solver']) is not None, (repo, data)
+    assert [s['command'] for s in record['stages']] and all(s['lines']['command'] == f'`{s["command"]}`'
+                                                            for s in record['stages'])
 
 
 def test_tag_registered_exactly_when_weights_exist():
@@ -436,9 +501,9 @@ def test_export_and_push_dry_run(tmp_path):
     model = timm.create_model(f'local-dir:{WEIGHTS / PICK}', pretrained=True)
     from timm_odevit_tools.hub.export import export, push, stored_dtype
     # exported again in the precision the file stores, the weights come back byte for byte
-    repo = export(model, ARCH, 'copy', str(tmp_path), {'description': 'test'},
-                  dtype=stored_dtype(WEIGHTS / PICK / 'model.safetensors'))
-    assert sorted(p.name for p in repo.iterdir()) == ['README.md', 'config.json', 'model.safetensors']
+    repo = export(model, ARCH, 'copy', str(tmp_path), dtype=stored_dtype(WEIGHTS / PICK / 'model.safetensors'))
+    assert sorted(p.name for p in repo.iterdir()) == ['README.md', 'config.json', 'model.safetensors', RECORD_FILE]
+    assert read_record(repo)['stages'] == []  # weights of unknown provenance: no recipe to state
     assert sha256_file(repo / 'model.safetensors') == sha256_file(WEIGHTS / PICK / 'model.safetensors')
     assert json.loads((tmp_path / MANIFEST_FILE).read_text()) == build_manifest(tmp_path)
     lines = push(str(WEIGHTS / PICK), dry_run=True)
@@ -511,13 +576,13 @@ def test_an_ode_tag_solves_as_its_weights_were_trained_by_every_route(tmp_path):
     through its config.json (local-dir:, hf-hub:) alike, as its card's last command trained it; a solver kwarg the
     caller passes wins, the untagged architecture keeps its default, and a re-serialised model keeps the grid."""
     from timm_odevit_tools.hub.export import trained_solver
-    from experiments.tables import card_commands
+    from experiments.tables import stage_commands
     from timm_odevit.models.pretrained import TAG_MODEL_ARGS, tag_model_args
     from timm_odevit_tools.train import recorded_args
     for repo in REPOS:
         arch, tag = repo.split('.')
         config = json.loads((WEIGHTS / repo / 'config.json').read_text())
-        trained = trained_solver(recorded_args(card_commands(WEIGHTS / repo)[-1]).model_kwargs)
+        trained = trained_solver(recorded_args(stage_commands(WEIGHTS / repo)[-1]).model_kwargs)
         assert trained_solver(config['model_args']) == trained == tag_model_args(arch, tag), repo
     assert set(TAG_MODEL_ARGS) <= set(REPOS)
     name = 'ssog_ode_tiny_patch4_32.fmnist'
@@ -531,25 +596,31 @@ def test_an_ode_tag_solves_as_its_weights_were_trained_by_every_route(tmp_path):
 
 def test_remeasure_rerenders_a_folder_at_the_solver_it_trained_with(tmp_path):
     """`hub remeasure` re-measures a published folder at the solver its last stage trained with and re-renders its
-    card (the recipe kept) and config.json; the weights file keeps its bytes and the folder verifies."""
+    card, record (the stages kept) and config.json; the weights file keeps its bytes and the folder verifies. A
+    folder whose record states no stage, or has no record, is refused, naming the fix."""
     from timm_odevit_tools.hub.__main__ import evaluate_folder, main as hub_main
-    from timm_odevit_tools.hub.card import card_stages
     name = 'ssog_ode_tiny_patch4_32.fmnist'
     repo = tmp_path / 'weights' / name
     shutil.copytree(WEIGHTS / name, repo)
     config = json.loads((repo / 'config.json').read_text())
     config['model_args'].pop('ode_steps', None)  # as exported before the export kept the trained solver
     (repo / 'config.json').write_text(json.dumps(config))
-    before = (repo / 'README.md').read_text()
+    before = read_record(repo)
+    (repo / 'README.md').write_text('a card whose wording changed: nothing is read back from it')
     assert hub_main(['remeasure', str(repo), '--no-full']) == 0
     assert json.loads((repo / 'config.json').read_text())['model_args']['ode_steps'] == 23
     card = (repo / 'README.md').read_text()
-    assert card_stages(card) == card_stages(before) and '- **ODE solver:** euler, 23 steps (' in card
+    assert read_record(repo) == before and '- **ODE solver:** euler, 23 steps (' in card
     assert sha256_file(repo / 'model.safetensors') == sha256_file(WEIGHTS / name / 'model.safetensors')
     assert all(not errs for errs in verify_root(tmp_path / 'weights').values())
-    assert evaluate_folder(str(repo), 'sample')['correct'] == _sample_counts(card)[0]
-    (repo / 'README.md').write_text('no recipe here')
+    sample = evaluate_folder(str(repo), 'sample')
+    assert sample['correct'] == _sample_counts(card)[0]
+    assert top1(read_results(repo), 'sample', 'euler:23') == round(sample['top1'], 2)
+    edit_record(repo, lambda record: record.update(stages=[]))
     with pytest.raises(ValueError, match='states no recipe'):
+        hub_main(['remeasure', str(repo), '--no-full'])
+    (repo / RECORD_FILE).unlink()
+    with pytest.raises(ValueError, match=f'{RECORD_FILE} is missing.*hub remeasure'):
         hub_main(['remeasure', str(repo), '--no-full'])
 
 
@@ -642,8 +713,9 @@ def test_export_of_a_next_stage_states_every_stage(tmp_path):
     stages are the same commands. Earlier weights missing or changed since the run started are refused; a checkpoint
     of the training command brings its own stages; weights of unknown provenance are said to be so."""
     from timm_odevit_tools.hub.__main__ import main as hub_main
-    from timm_odevit_tools.hub.card import card_stages, model_card
+    from timm_odevit_tools.hub.card import model_card
     from timm_odevit_tools.hub.export import run_stages
+    from timm_odevit_tools.hub.record import weight_record
     from experiments.tables import matched_table, training_budget
     from timm_odevit.models.pretrained import fmnist_input
     from timm_odevit_tools.train import checkpoint_args, read_checkpoint
@@ -662,7 +734,7 @@ def test_export_of_a_next_stage_states_every_stage(tmp_path):
                                  {'initial_checkpoint_sha256': sha})
         assert export(second) == 0
         card = (root / f'{arch}.fmnist' / 'README.md').read_text()
-        one, two = card_stages(card)
+        one, two = [stage['lines'] for stage in read_record(root / f'{arch}.fmnist')['stages']]
         assert one['schedule'].startswith('2 epochs, batch 64, adamw lr 0.001 ')
         assert two['schedule'].startswith('3 epochs, batch 64, adamw lr 0.0005 ')
         assert f'--initial-checkpoint {published}' in two['command'] and '--initial-checkpoint' not in one['command']
@@ -670,8 +742,9 @@ def test_export_of_a_next_stage_states_every_stage(tmp_path):
                                            'which this export replaces (git history keeps them)')
         assert 'trained from scratch in 2 stages' in card
         assert training_budget(root / f'{arch}.fmnist') == '300k (5 epochs of 60,000)'
-        with open(root / f'{arch}.fmnist' / 'README.md', 'a') as f:  # the table compares full-test top-1 (--no-full)
-            f.write('Fashion-MNIST test set (10,000 images): top-1 50.00%\n')
+        assert read_record(root / f'{arch}.fmnist')['stages'][1]['initialised_from'] == {
+            'weights': str(published), 'sha256': sha, 'published': f'{arch}.fmnist'}
+        set_top1(root / f'{arch}.fmnist', 50.0)  # the table compares full-test top-1 (exported with --no-full)
     rows = matched_table(root).splitlines()[2:]
     assert len(rows) == 1 and rows[0].startswith('| looped | `looped_ssog_tiny_patch4_32.fmnist` |'), rows
 
@@ -691,89 +764,97 @@ def test_export_of_a_next_stage_states_every_stage(tmp_path):
     args = checkpoint_args(read_checkpoint(str(_run_checkpoint(tmp_path / 'from_run', [
         '--model', arch, '--epochs', '4', '--initial-checkpoint', str(first)]))))
     one, two = run_stages(args, {}, cfg, root / f'{arch}.from_run')
-    assert one['schedule'].startswith('2 epochs') and two['schedule'].startswith('4 epochs')
-    assert two['initialised from'].endswith(', the last checkpoint of stage 1')
+    assert one['lines']['schedule'].startswith('2 epochs') and two['lines']['schedule'].startswith('4 epochs')
+    assert two['lines']['initialised from'].endswith(', the last checkpoint of stage 1')
+    assert (one['epochs'], two['epochs'], two['initialised_from']['published']) == (2, 4, None)
 
     # from weights nobody recorded a recipe for: one stage, said to start from other weights
     foreign = tmp_path / 'foreign.safetensors'
     shutil.copy(published, foreign)
     args['initial_checkpoint'] = str(foreign)
     (only,) = run_stages(args, {}, cfg, root / f'{arch}.foreign')
-    assert 'weights of unknown provenance' in only['initialised from']
+    assert 'weights of unknown provenance' in only['lines']['initialised from']
     model = timm.create_model(arch, pretrained_cfg_overlay=cfg, num_classes=10, in_chans=1)
-    description = model_card(arch, 'foreign', model, {}, only)['description']
+    description = model_card(weight_record(f'{arch}.foreign', model, [only]), {})['description']
     assert description.startswith(f'`{arch}` trained from other weights')
 
 
 def test_card_description_names_the_stages_a_teacher_guided():
     """A weight a teacher joined late says which of its stages were guided; one guided throughout says only that."""
-    from timm_odevit_tools.hub.card import LOGIT_KD, model_card, staged_lines
+    from timm_odevit_tools.hub.card import model_card
+    from timm_odevit_tools.hub.record import weight_record
     from timm_odevit.models.pretrained import fmnist_input
     arch = 'dense_vit_tiny_patch4_32'
     model = timm.create_model(arch, pretrained_cfg_overlay=fmnist_input(), num_classes=10, in_chans=1)
-    teacher = {'schedule': '2 epochs', 'teacher guidance': f'teacher `resnet18`; {LOGIT_KD}: loss = ...'}
-    scratch = {'schedule': '10 epochs'}
-    late = model_card(arch, 'fmnist', model, {}, staged_lines([scratch, scratch, teacher, teacher]))['description']
+    teacher = {'teacher': {'model': 'resnet18', 'distill': 'logit'}, 'lines': {'schedule': '2 epochs'}}
+    scratch = {'teacher': None, 'lines': {'schedule': '10 epochs'}}
+
+    def description(stages):
+        return model_card(weight_record(f'{arch}.fmnist', model, stages), {})['description']
+    late = description([scratch, scratch, teacher, teacher])
     assert late.startswith(f'`{arch}` trained from scratch in 4 stages, each from the weights of the one before, '
                            'guided by a teacher (logit distillation) in stages 3, 4 on '), late
-    throughout = model_card(arch, 'fmnist', model, {}, staged_lines([teacher]))['description']
+    throughout = description([teacher])
     assert throughout.startswith(f'`{arch}` trained from scratch, guided by a teacher (logit distillation) on ')
 
 
-def test_training_budget_from_cards(tmp_path):
-    """The weights table's budget column adds up each stage of a card's recipe, and refuses a card without one."""
+def test_training_budget_from_records(tmp_path):
+    """The weights table's budget column adds up each stage of a weight's record, and refuses a record without
+    one."""
     from experiments.tables import training_budget
-    card = tmp_path / 'x.fmnist'
-    card.mkdir()
-    (card / 'README.md').write_text('- stage 1 of 2, data: 60000 training images (first n)\n- stage 1 of 2, schedule: '
-                                    '3 epochs, batch 128\n- stage 2 of 2, data: 60000 training images\n'
-                                    '- stage 2 of 2, schedule: 8 epochs, batch 128\n')
-    assert training_budget(card) == '660k (11 epochs of 60,000)'
-    (card / 'README.md').write_text('- data: 3000 Fashion-MNIST training images\n- schedule: 2 epochs, batch 8\n'
-                                    '- data: 1000 Fashion-MNIST training images\n- schedule: 5 epochs, batch 8\n')
-    assert training_budget(card) == '11k (7 epochs in all)'
-    (card / 'README.md').write_text('no recipe here')
-    with pytest.raises(ValueError, match='states no training data'):
-        training_budget(card)
+    repo = tmp_path / 'x.fmnist'
+    repo.mkdir()
+
+    def record(*stages):
+        (repo / RECORD_FILE).write_text(json.dumps({'format': 1, 'stages': [
+            {'images_per_epoch': n, 'epochs': e} for n, e in stages]}))
+    record((60000, 3), (60000, 8))
+    assert training_budget(repo) == '660k (11 epochs of 60,000)'
+    record((3000, 2), (1000, 5))
+    assert training_budget(repo) == '11k (7 epochs in all)'
+    record()
+    with pytest.raises(ValueError, match='states no training stage'):
+        training_budget(repo)
+    (repo / RECORD_FILE).write_text('{"format": 1, "stages": [')
+    with pytest.raises(ValueError, match='is not JSON'):
+        training_budget(repo)
 
 
 def test_weights_table_gives_an_ode_weights_top1_at_the_architectures_default_solver(tmp_path):
     """The weights table's top-1 is as pretrained=True solves it; an ODE weight trained on another grid than its
-    architecture's default has its full-test top-1 at that default beside it, read from its card; others show '-'."""
+    architecture's default has its full-test top-1 at that default beside it, read from its record and model-index;
+    others show '-'."""
     from experiments.tables import weights_table
     for name in ('dense_vit_tiny_patch4_32.fmnist', 'odevit_tiny_patch4_32.fmnist'):
         shutil.copytree(REPO_ROOT / 'weights' / name, tmp_path / name)
-    card = tmp_path / 'odevit_tiny_patch4_32.fmnist' / 'README.md'
-    text, n = re.subn(r"(test set \(10,000 images\), at the architecture's default solver \(euler, )\d+"
-                      r'( steps\): top-1 )[\d.]+%', r'\g<1>17\g<2>77.77%', card.read_text())
-    assert n == 1
-    card.write_text(text)
-    dense, ode = weights_table(tmp_path).splitlines()[2:]
-    assert dense.endswith('| - |') and ode.endswith('| 77.77% (17 steps) |'), (dense, ode)
+    ode = tmp_path / 'odevit_tiny_patch4_32.fmnist'
+    edit_record(ode, lambda record: record.update(default_solver='euler:17'))
+    set_top1(ode, 77.77, 'full', 'euler:17')
+    dense, row = weights_table(tmp_path).splitlines()[2:]
+    assert dense.endswith('| - |') and row.endswith('| 77.77% (17 steps) |'), (dense, row)
 
 
 def test_matched_table_pairs_only_same_recipe(tmp_path):
     """An SSoG weight and its dense twin form a row only when one command (the model name aside) trained both, stage
     by stage."""
-    from experiments.tables import card_commands, card_facts, matched_table
+    from experiments.tables import matched_table, stage_commands, weight_facts
     ssog, dense = 'ssog_vit_tiny_patch4_32.fmnist', 'dense_vit_tiny_patch4_32.fmnist'
     for name in (dense, 'odevit_tiny_patch4_32.fmnist'):  # odevit's twin is absent: no row for it
         shutil.copytree(REPO_ROOT / 'weights' / name, tmp_path / name)
-    # the SSoG twin's card from the dense one (every stage's command with its model name), whatever is published now
+    # the SSoG twin's record from the dense one (every stage's command with its model name), whatever is published
     shutil.copytree(tmp_path / dense, tmp_path / ssog)
-    card = tmp_path / ssog / 'README.md'
-    text = card.read_text().replace(dense.partition('.')[0], ssog.partition('.')[0])
-    card.write_text(re.sub(r'(test set \(10,000 images\): top-1 )[\d.]+%', r'\g<1>91.23%', text))
-    assert len(card_commands(tmp_path / dense)) >= 1 and card_facts(tmp_path / ssog)['test'] == '91.23'
-    gain = 91.23 - float(card_facts(tmp_path / dense)['test'])
+    assert edit_commands(tmp_path / ssog, dense.partition('.')[0], ssog.partition('.')[0]) >= 1
+    set_top1(tmp_path / ssog, 91.23)
+    assert len(stage_commands(tmp_path / dense)) >= 1 and weight_facts(tmp_path / ssog)['test'] == '91.23'
+    gain = 91.23 - float(weight_facts(tmp_path / dense)['test'])
     rows = matched_table(tmp_path).splitlines()[2:]
     assert len(rows) == 1 and rows[0].startswith(f'| discrete | `{ssog}` |') and f'| {gain:+.2f} |' in rows[0], rows
     # a stage run on one thread beside another job is the same recipe (the threads are the machine's share)
-    text, n = re.subn(r'command: `OMP_NUM_THREADS=\d+ ', 'command: `OMP_NUM_THREADS=1 ', card.read_text(), count=1)
-    card.write_text(text)
-    assert n == 1 and matched_table(tmp_path).splitlines()[2:] == rows
-    dense_card = tmp_path / dense / 'README.md'
-    dense_card.write_text(dense_card.read_text().replace('--seed 0', '--seed 1'))
+    first = stage_commands(tmp_path / ssog)[0]
+    threads = re.match(r'OMP_NUM_THREADS=\d+ ', first).group(0)
+    assert edit_commands(tmp_path / ssog, first, first.replace(threads, 'OMP_NUM_THREADS=7 '), slice(0, 1)) == 1
+    assert matched_table(tmp_path).splitlines()[2:] == rows
+    assert edit_commands(tmp_path / dense, '--seed 0', '--seed 1') >= 1
     assert matched_table(tmp_path).splitlines()[2:] == []  # another seed: not a matched pair
 
 
@@ -782,45 +863,38 @@ def test_matched_table_pairs_ode_weights_started_from_their_looped_twins(tmp_pat
     matched stage by stage: the SSoG stage names looped_ssog where the dense one names looped_vit; an SSoG ODE weight
     that started from another depth's SSoG weights is not."""
     from experiments.tables import matched_table
-    dense_card = (REPO_ROOT / 'weights' / 'dense_vit_tiny_patch4_32.fmnist' / 'README.md').read_text()
-    assert dense_card.count(' command: ') >= 2
-    # the multi-stage dense card made into odevit's: stage 1 trains looped_vit, the next odevit from its weights
-    text, n = re.subn(r'(stage 1 of \d+, command: `[^`]*--model )dense_vit_tiny_patch4_32 ',
-                      r'\g<1>looped_vit_tiny_patch4_32 ', dense_card)
-    assert n == 1
-    text = text.replace('dense_vit_tiny_patch4_32.fmnist/', 'looped_vit_tiny_patch4_32.fmnist/')
-    text = text.replace('dense_vit_tiny_patch4_32', 'odevit_tiny_patch4_32')
-    cards = {'odevit_tiny_patch4_32.fmnist': text,
-             'ssog_ode_tiny_patch4_32.fmnist': text.replace('looped_vit_', 'looped_ssog_').replace('odevit_',
-                                                                                                   'ssog_ode_')}
-    for name, card in cards.items():
-        (tmp_path / name).mkdir()
-        (tmp_path / name / 'README.md').write_text(card)
+    dense = 'dense_vit_tiny_patch4_32'
+    assert len(read_record(WEIGHTS / f'{dense}.fmnist')['stages']) >= 2
+    # the multi-stage dense record made into odevit's: stage 1 trains looped_vit, the next odevit from its weights
+    names = {'odevit_tiny_patch4_32.fmnist': ('looped_vit_', 'odevit_'),
+             'ssog_ode_tiny_patch4_32.fmnist': ('looped_ssog_', 'ssog_ode_')}
+    for name, (looped, ode) in names.items():
+        shutil.copytree(WEIGHTS / f'{dense}.fmnist', tmp_path / name)
+        assert edit_commands(tmp_path / name, f'--model {dense} ', f'--model {looped}tiny_patch4_32 ', slice(0, 1)) == 1
+        edit_commands(tmp_path / name, f'{dense}.fmnist/', f'{looped}tiny_patch4_32.fmnist/')
+        edit_commands(tmp_path / name, dense, f'{ode}tiny_patch4_32')
     rows = matched_table(tmp_path).splitlines()[2:]
     assert len(rows) == 1 and rows[0].startswith('| ode | `ssog_ode_tiny_patch4_32.fmnist` |'), rows
-    other = cards['ssog_ode_tiny_patch4_32.fmnist'].replace('looped_ssog_', 'ssog_vit_')
-    (tmp_path / 'ssog_ode_tiny_patch4_32.fmnist' / 'README.md').write_text(other)
+    edit_commands(tmp_path / 'ssog_ode_tiny_patch4_32.fmnist', 'looped_ssog_', 'ssog_vit_')
     assert matched_table(tmp_path).splitlines()[2:] == []
 
 
 def test_matched_table_gives_an_ode_pair_at_the_architectures_default_solver_too(tmp_path):
     """An ODE pair trained on another grid than its architectures' default is compared at both: the grid both were
     trained on, which pretrained=True gives, and the default."""
-    from experiments.tables import card_facts, matched_table
+    from experiments.tables import matched_table, weight_facts
     dense = tmp_path / 'odevit_tiny_patch4_32.fmnist'
     ssog = tmp_path / 'ssog_ode_tiny_patch4_32.fmnist'
     shutil.copytree(REPO_ROOT / 'weights' / dense.name, dense)
     shutil.copytree(dense, ssog)
-    card = ssog / 'README.md'
     # the SSoG twin's earlier stages (if any) train looped_ssog where the dense ones train looped_vit
-    text = card.read_text().replace('--model odevit_tiny_patch4_32 ', '--model ssog_ode_tiny_patch4_32 ')
-    text = text.replace('looped_vit_tiny_patch4_32', 'looped_ssog_tiny_patch4_32')
-    text = re.sub(r"(test set \(10,000 images\), at the architecture's default solver \(euler, 12 steps\): top-1 )"
-                  r'[\d.]+%', r'\g<1>85.00%', text)
-    card.write_text(re.sub(r'(test set \(10,000 images\): top-1 )[\d.]+%', r'\g<1>90.00%', text))
+    edit_commands(ssog, '--model odevit_tiny_patch4_32 ', '--model ssog_ode_tiny_patch4_32 ')
+    edit_commands(ssog, 'looped_vit_tiny_patch4_32', 'looped_ssog_tiny_patch4_32')
+    set_top1(ssog, 85.0, 'full', 'euler:12')
+    set_top1(ssog, 90.0)
     rows = matched_table(tmp_path).splitlines()[2:]
     assert len(rows) == 1 and rows[0].startswith(f'| ode | `{ssog.name}` | 90.00% (12 steps: 85.00%) | '), rows
-    facts = card_facts(dense)  # against the published dense weight's two figures
+    facts = weight_facts(dense)  # against the published dense weight's two figures
     gains = 90. - float(facts['test']), 85. - float(facts['test_default_solver'])
     assert f'| {gains[0]:+.2f} (12 steps: {gains[1]:+.2f}) |' in rows[0], rows
 
@@ -852,50 +926,44 @@ def test_card_names_the_gpu_a_run_trained_on_and_the_threads_of_a_cpu_run():
 def test_guided_table_pairs_a_guided_weight_with_its_scratch_twin(tmp_path):
     """A weight trained with a teacher and one of the same architecture trained by the same command without the
     teacher's options form a row (guided minus scratch, as pretrained=True solves them and at the architecture's
-    default solver); another
-    seed is another recipe, not a row."""
+    default solver); another seed is another recipe, not a row."""
     from experiments.tables import guided_table
     base = 'odevit_tiny_patch4_32'  # the published scratch student: no teacher in any of its stages
     scratch, guided = tmp_path / f'{base}.fmnist', tmp_path / f'{base}.fmnist_distilled'
-    for repo, top1, grid in ((scratch, '87.97', '88.10'), (guided, '90.00', '90.50')):
+    for repo, top1_full, top1_grid in ((scratch, 87.97, 88.10), (guided, 90.00, 90.50)):
         shutil.copytree(REPO_ROOT / 'weights' / f'{base}.fmnist', repo)
-        card = repo / 'README.md'
-        text = re.sub(r'(Fashion-MNIST test set \(10,000 images\): top-1 )[\d.]+%', rf'\g<1>{top1}%', card.read_text())
-        card.write_text(re.sub(r"(Fashion-MNIST test set \(10,000 images\), at the architecture's default solver "
-                               r'\(euler, 12 steps\): top-1 )[\d.]+%', rf'\g<1>{grid}%', text))
-    card = guided / 'README.md'
-    card.write_text(card.read_text().replace(
-        f'--model {base} ', f'--model {base} --teacher ssog_vit_tiny_patch4_32 --state-norm layernorm '))
+        set_top1(repo, top1_full)
+        set_top1(repo, top1_grid, 'full', 'euler:12')
+    assert edit_commands(guided, f'--model {base} ',
+                         f'--model {base} --teacher ssog_vit_tiny_patch4_32 --state-norm layernorm ') >= 1
     rows = guided_table(tmp_path).splitlines()[2:]
     assert len(rows) == 1, rows
     assert rows[0].startswith(f'| `{base}` | `ssog_vit_tiny_patch4_32` | `{scratch.name}` | 87.97% (12 steps: 88.10%) '
                               f'| `{guided.name}` | 90.00% (12 steps: 90.50%) | +2.03 (12 steps: +2.40) | > +10 |')
-    card.write_text(card.read_text().replace('--seed 0', '--seed 1'))
+    edit_commands(guided, '--seed 0', '--seed 1')
     assert guided_table(tmp_path).splitlines()[2:] == []
 
 
 def test_guided_table_pairs_weights_continued_from_the_same_earlier_stage(tmp_path):
     """A guided weight continued from earlier weights pairs with the scratch weight continued from the same ones by
     the same last-stage command without the teacher; an earlier stage trained otherwise is not a pair."""
-    from experiments.tables import card_commands, guided_table
+    from experiments.tables import guided_table, stage_commands
     base = 'odevit_tiny_patch4_32'  # the published scratch student: stages continued, no teacher in the last
     scratch, guided = tmp_path / f'{base}.fmnist', tmp_path / f'{base}.fmnist_distilled'
     shutil.copytree(REPO_ROOT / 'weights' / scratch.name, scratch)
     shutil.copytree(scratch, guided)
-    card = guided / 'README.md'
-    last = card_commands(scratch)[-1]
-    assert len(card_commands(scratch)) >= 2 and '--initial-checkpoint' in last and '--teacher' not in last
-    card.write_text(card.read_text().replace(last, last.replace(f'--model {base} ',
-                                                                f'--model {base} --teacher ssog_vit_tiny_patch4_32 ')))
+    last = stage_commands(scratch)[-1]
+    assert len(stage_commands(scratch)) >= 2 and '--initial-checkpoint' in last and '--teacher' not in last
+    assert edit_commands(guided, f'--model {base} ', f'--model {base} --teacher ssog_vit_tiny_patch4_32 ',
+                         slice(-1, None)) == 1
     rows = guided_table(tmp_path).splitlines()[2:]
     assert len(rows) == 1 and rows[0].startswith(f'| `{base}` | `ssog_vit_tiny_patch4_32` | `{scratch.name}` |'), rows
     # logit KD alone guided no trajectory: a teacher made so is not a row of the guided table
-    trajectory = card.read_text()
-    card.write_text(trajectory.replace('--teacher ssog_vit_tiny_patch4_32 ', '--teacher resnet18 --distill logit '))
+    trajectory = read_record(guided)
+    edit_commands(guided, '--teacher ssog_vit_tiny_patch4_32 ', '--teacher resnet18 --distill logit ')
     assert guided_table(tmp_path).splitlines()[2:] == []
-    card.write_text(trajectory)
-    first = card_commands(guided)[0]
-    card.write_text(card.read_text().replace(first, first.replace('--seed 0', '--seed 1')))
+    (guided / RECORD_FILE).write_text(json.dumps(trajectory))
+    assert edit_commands(guided, '--seed 0', '--seed 1', slice(0, 1)) == 1
     assert guided_table(tmp_path).splitlines()[2:] == []
 
 
@@ -938,33 +1006,32 @@ def test_version_from_history_finds_a_replaced_file_by_its_hash(tmp_path, monkey
 
 
 def test_the_guiding_teacher_is_the_last_guided_stages(tmp_path):
-    """A continued weight's card can name a teacher per stage (a CNN's logit KD, then the trajectory's teacher):
+    """A continued weight's record can name a teacher per stage (a CNN's logit KD, then the trajectory's teacher):
     the hash and target times that the trajectory is measured with are those of the last guided stage."""
-    from experiments.tables import card_target_times, card_teacher_sha256
+    from experiments.tables import teacher_sha256, teacher_target_times
     first, last = 'a' * 64, 'b' * 64
-    (tmp_path / 'README.md').write_text(
-        '- **Training recipe:**\n'
-        f'  - stage 1 of 2, teacher guidance: teacher `resnet18` (weights `t/cnn.pth.tar`, sha256 {first}); logit KD\n'
-        f'  - stage 2 of 2, teacher guidance: teacher `vit` (weights `t/vit.safetensors`, sha256 {last}); 2 targets '
-        '(teacher blocks: all) at student times 1.5, 3 (rule uniform); loss = 1 x label loss\n')
-    assert card_teacher_sha256(tmp_path) == last and card_target_times(tmp_path) == [1.5, 3.0]
-    (tmp_path / 'README.md').write_text(f'  - teacher guidance: teacher `vit` (weights `t/vit.safetensors`, '
-                                        f'sha256 {first}); 1 targets (teacher blocks: all) at student times 2 '
-                                        '(rule uniform)\n')
-    assert card_teacher_sha256(tmp_path) == first and card_target_times(tmp_path) == [2.0]
-    (tmp_path / 'README.md').write_text('  - stage 1 of 1, teacher guidance: teacher `vit`; loss = 1 x label loss\n')
-    assert card_teacher_sha256(tmp_path) is None
+    cnn = {'model': 'resnet18', 'weights': 't/cnn.pth.tar', 'sha256': first, 'distill': 'logit', 'times': None}
+    vit = {'model': 'vit', 'weights': 't/vit.safetensors', 'sha256': last, 'distill': 'trajectory', 'times': [1.5, 3]}
+
+    def record(*teachers):
+        (tmp_path / RECORD_FILE).write_text(json.dumps({'format': 1, 'stages': [{'teacher': t} for t in teachers]}))
+    record(cnn, vit)
+    assert teacher_sha256(tmp_path) == last and teacher_target_times(tmp_path) == [1.5, 3.0]
+    record(None, dict(vit, sha256=first, times=[2.0]), None)
+    assert teacher_sha256(tmp_path) == first and teacher_target_times(tmp_path) == [2.0]
+    record(dict(vit, sha256=None, times=None))
+    assert teacher_sha256(tmp_path) is None
     with pytest.raises(ValueError, match='states no student times'):
-        card_target_times(tmp_path)
+        teacher_target_times(tmp_path)
 
 
 def test_trajectory_of_the_published_students(tmp_path, monkeypatch):
-    """hub trajectory reads each guided pair from the published files alone (card commands, card times, the teacher
-    the card names): the guided student relates the images as its teacher does, its scratch twin does not;
+    """hub trajectory reads each guided pair from the published files alone (the record's commands, target times and
+    teacher): the guided student relates the images as its teacher does, its scratch twin does not;
     a teacher path holding other weights than the card's hash, a missing teacher, a card without times and a folder
     without a pair are each refused, naming what is wrong."""
     from safetensors.torch import save_file
-    from experiments.tables import card_target_times, card_teacher_sha256
+    from experiments.tables import teacher_sha256, teacher_target_times
     from experiments.study.guidance import write_weights_trajectory
     monkeypatch.chdir(REPO_ROOT)  # the guided card names its teacher's weights relative to the repository
     names = ('odevit_tiny_patch4_32.fmnist', 'odevit_tiny_patch4_32.fmnist_distilled')
@@ -972,14 +1039,14 @@ def test_trajectory_of_the_published_students(tmp_path, monkeypatch):
         shutil.copytree(REPO_ROOT / 'weights' / name, tmp_path / 'weights' / name)
     card = tmp_path / 'weights' / names[1] / 'README.md'
     teacher = 'weights/ssog_vit_tiny_patch4_32.fmnist/model.safetensors'
-    sha = card_teacher_sha256(card.parent)
+    sha = teacher_sha256(card.parent)
     if sha256_file(REPO_ROOT / teacher) != sha and not _full_history():
         pytest.skip(f'{teacher} holds a later version than sha256 {sha}, and this checkout has no full git history '
                     'to find the earlier one in (a clone without --depth has it)')
     # by default the teacher that guided the student: from git history where weights/ holds a later version of it
     table = write_weights_trajectory(tmp_path / 'weights', tmp_path / 'out', test_samples=8,
                                      data_dir=str(fm.SAMPLE_DIR))
-    times = card_target_times(tmp_path / 'weights' / names[1])
+    times = teacher_target_times(tmp_path / 'weights' / names[1])
     assert len(times) == 12 and times[-1] == 12.0
     rows = (tmp_path / 'out' / 'trajectory.csv').read_text().splitlines()
     assert rows[0] == 'student,teacher,arm,weights,distance,time,gap' and len(rows) == 1 + 2 * 2 * len(times)
@@ -1001,7 +1068,7 @@ def test_trajectory_of_the_published_students(tmp_path, monkeypatch):
     with pytest.raises(FileNotFoundError, match='pass it as --teacher-root'):
         write_weights_trajectory(tmp_path / 'weights', tmp_path / 'out', test_samples=8, data_dir=str(fm.SAMPLE_DIR),
                                  teacher_root=tmp_path)
-    card.write_text(re.sub(r'at student times [\d., ]+ \(rule', '(rule', card.read_text()))
+    edit_record(card.parent, lambda record: record['stages'][-1]['teacher'].update(times=None))
     with pytest.raises(ValueError, match='states no student times'):
         write_weights_trajectory(tmp_path / 'weights', tmp_path / 'out', test_samples=8, data_dir=str(fm.SAMPLE_DIR))
     shutil.rmtree(tmp_path / 'weights' / names[0])
@@ -1029,10 +1096,8 @@ def test_steered_table_needs_all_three_runs_trained_alike(tmp_path):
     # a published weight continued by a later stage is no longer the run's: its cell says so
     weights, ssog = tmp_path / 'weights', 'ssog_vit_tiny_patch4_32.fmnist'
     shutil.copytree(REPO_ROOT / 'weights' / ssog, weights / ssog)
-    card = weights / ssog / 'README.md'
-    stages = card.read_text().count('command: `')  # the published weight may have later stages already
-    command_line = next(line for line in card.read_text().splitlines() if 'command: `' in line)
-    card.write_text(card.read_text() + command_line + '\n')
+    stages = len(read_record(weights / ssog)['stages'])  # the published weight may have later stages already
+    edit_record(weights / ssog, lambda record: record['stages'].append(record['stages'][0]))
     published = steered_table(logs, weights).splitlines()[2].split('|')[-2]
     assert re.fullmatch(rf' `ssog_vit_tiny_patch4_32.fmnist` [\d.]+% \(after {stages + 1} stages\) ', published), \
         published

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from timm_odevit_tools.hub.demo import BUNDLE_DIR, BUNDLED_REPOS, DEFAULT_MODEL
-from experiments.tables import card_facts
+from experiments.tables import weight_facts
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 # build outputs and local state that a fresh clone does not have
@@ -86,7 +86,7 @@ def test_main_command_runs_from_a_normal_install(installed):
     assert f">>> timm.create_model('{DEFAULT_MODEL}', pretrained=True)" in r.stdout
     assert f'Local Hub mirror over {pkg / BUNDLE_DIR / "weights"}' in r.stdout
     # the score the published card states for the sample, reached through the bundled copy
-    card = card_facts(REPO_ROOT / 'weights' / BUNDLED_REPOS[0])
+    card = weight_facts(REPO_ROOT / 'weights' / BUNDLED_REPOS[0])
     assert re.search(rf'top-1 on the bundled sample {re.escape(card["sample"])}% \(\d+/1000\)', r.stdout), r.stdout
     assert '| `ssog_ode_tiny` | ssog | ode |' in r.stdout and '_small`' not in r.stdout.split('| model |')[1]
     assert list(work.iterdir()) == [], 'the main command must not write into the working folder'

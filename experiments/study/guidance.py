@@ -418,9 +418,9 @@ def _guiding_teacher(guided: Path, named: str, teacher_root: Optional[Path], his
     """The file of the teacher that guided ``guided`` (its card names it as ``named``, relative to the repository,
     and records its sha256): under ``teacher_root`` when given, else in the working directory, else (a file since
     replaced) the version of that sha256 from git history, laid out under ``history``."""
-    from ..tables import card_teacher_sha256
+    from ..tables import teacher_sha256
     from timm_odevit_tools.hub.verify import sha256_file, version_from_history
-    sha = card_teacher_sha256(guided)
+    sha = teacher_sha256(guided)
     path = Path(teacher_root or '.') / named
     held = sha256_file(path) if path.is_file() else None
     if held is not None and (not sha or held == sha):
@@ -454,17 +454,17 @@ def write_weights_trajectory(root: Path, out_dir: Path, test_samples: int = 256,
     the repository) is looked for under ``teacher_root``; by default in the working directory (the repository root)
     or, when that file has since been replaced, as the version of the card's sha256 in git history."""
     from safetensors.torch import load_file
-    from ..tables import card_commands, card_target_times, guided_pairs
+    from ..tables import stage_commands, teacher_target_times, guided_pairs
     from timm_odevit_tools.train import recorded_args
     from timm_odevit_tools.train.command import build_task
     rows: List[Dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix='teacher_from_history_') as history:
         for arch, teacher, scratch, guided in guided_pairs(root):
-            args = recorded_args(card_commands(guided)[-1])  # the stage the teacher guided
+            args = recorded_args(stage_commands(guided)[-1])  # the stage the teacher guided
             if args.teacher_checkpoint:
                 args.teacher_checkpoint = str(_guiding_teacher(guided, args.teacher_checkpoint, teacher_root,
                                                                Path(history)))
-            args.times = ','.join(str(t) for t in card_target_times(guided))
+            args.times = ','.join(str(t) for t in teacher_target_times(guided))
             # the published weights replace the student's parameters anyway: nothing to load or copy before them
             args.initial_checkpoint, args.no_init_from_teacher = '', True
             task = build_task(args, torch.device('cpu'))  # loads the teacher, so inside the laid-out folder's life

@@ -1,24 +1,18 @@
 """Model cards: the one renderer of a weight's card (what, data, training recipe with the command that reruns it,
 measured top-1 with the command that measures it, size, usage), in the form timm's ``generate_readme`` takes."""
-import re
 from typing import Any, Dict, List, Optional
-
-import torch
-from torch import nn
 
 from . import hub_id
 from ..data import AUGMENT_SHIFT, FASHION_MNIST_TRAIN_IMAGES
-from timm_odevit.layers import ode_trunk
 from ..train import format_command
 
-__all__ = ['DATASET', 'RECIPE', 'card_description', 'card_stages', 'evaluate_command', 'guidance_line', 'model_card',
-           'staged_lines', 'training_lines']
+__all__ = ['DATASET', 'RECIPE', 'LOGIT_KD', 'evaluate_command', 'guidance_line', 'images_per_epoch', 'model_card',
+           'staged_lines', 'training_lines', 'training_minutes']
 
 DATASET = 'Fashion-MNIST'
 RECIPE = 'Training recipe'  # the card's heading of the recipe lines
 # how a teacher line of a --distill logit run starts its loss: the card's description reads the kind back from it
 LOGIT_KD = "logit KD alone (timm's LogitDistillationTask)"
-_STAGE_KEY = re.compile(r'stage (\d+) of \d+, (.+)')
 
 
 def evaluate_command(folder: str, data: str, solver: Optional[str] = None) -> str:
@@ -84,16 +78,14 @@ def training_lines(args: Dict[str, Any], cfg: Dict[str, Any], threads: Optional[
     kwargs = args.get('model_kwargs') or {}
     threads = threads or args.get('threads') or 1
     n_train = args.get('train_samples') or FASHION_MNIST_TRAIN_IMAGES
-    per_epoch = min(n_train, args['max_steps_per_epoch'] * args['batch_size']) if args.get('max_steps_per_epoch') \
-        else n_train
+    per_epoch = images_per_epoch(args)
     precision = 'bf16 autocast' if args.get('amp') == 'bf16' else 'fp32'
     where = f'{threads} CPU thread(s)' if args.get('device', 'cpu') == 'cpu' else \
         f'`{args["device"]}`' + (f' ({device_name})' if device_name and device_name != args['device'] else '')
     budget = f'{args["epochs"] * per_epoch:,} images seen ({args["epochs"]} epochs of {per_epoch:,})'
-    if history and sorted(h['epoch'] for h in history) == list(range(args['epochs'])):
-        # minutes only from a record of every epoch: a partial one (a run resumed without its record) undercounts
-        seconds = sum(h.get('train_seconds') or per_epoch / h['images_per_second'] for h in history)
-        budget += f', {seconds / 60:.1f} min of training steps (validation aside)'
+    minutes = training_minutes(args, history)
+    if minutes is not None:
+        budget += f', {minutes:.1f} min of training steps (validation aside)'
     lines = {
         'data': f'{n_train} Fashion-MNIST training images (a fixed subset seeded '
                 f'{args["seed"]}), resized 28 -> {size[-1]} px, {size[0]} channel(s), normalised mean '
@@ -116,6 +108,23 @@ def training_lines(args: Dict[str, Any], cfg: Dict[str, Any], threads: Optional[
     return lines
 
 
+def images_per_epoch(args: Dict[str, Any]) -> int:
+    """Training images one epoch of a run sees (its options as a dict): its training set, or fewer where
+    ``--max-steps-per-epoch`` cuts the epoch short."""
+    n_train = args.get('train_samples') or FASHION_MNIST_TRAIN_IMAGES
+    return min(n_train, args['max_steps_per_epoch'] * args['batch_size']) if args.get('max_steps_per_epoch') \
+        else n_train
+
+
+def training_minutes(args: Dict[str, Any], history: Optional[List[Dict[str, Any]]]) -> Optional[float]:
+    """Minutes of training steps of a run (validation aside) from its per-epoch record; None unless the record holds
+    every epoch (a run resumed without its record would undercount)."""
+    if not history or sorted(h['epoch'] for h in history) != list(range(args['epochs'])):
+        return None
+    per_epoch = images_per_epoch(args)
+    return sum(h.get('train_seconds') or per_epoch / h['images_per_second'] for h in history) / 60
+
+
 def staged_lines(stages: List[Dict[str, str]]) -> Dict[str, str]:
     """The card lines of several runs in training order, each continuing from the weights of the one before, as
     one recipe whose keys name the stage ('stage 2 of 2, schedule'); a one-stage recipe keeps its keys."""
@@ -124,97 +133,55 @@ def staged_lines(stages: List[Dict[str, str]]) -> Dict[str, str]:
     return {f'stage {i} of {len(stages)}, {k}': v for i, stage in enumerate(stages, 1) for k, v in stage.items()}
 
 
-def card_stages(card: str) -> List[Dict[str, str]]:
-    """A card's recipe as its stages' lines in training order (the inverse of ``staged_lines`` on a card that
-    ``model_card`` rendered): one stage for a one-run recipe, none for a card without a recipe."""
-    stages: Dict[int, Dict[str, str]] = {}
-    inside = False
-    for line in card.splitlines():
-        if line == f'- **{RECIPE}:**':
-            inside = True
-        elif inside and line.startswith('  - '):
-            key, _, value = line[4:].partition(': ')
-            m = _STAGE_KEY.fullmatch(key)
-            stages.setdefault(int(m.group(1)) if m else 1, {})[m.group(2) if m else key] = value
-        elif inside:
-            break
-    return [stages[i] for i in sorted(stages)]
-
-
-def card_description(card: str, name: str) -> Optional[str]:
-    """The description paragraph of the card timm's ``generate_readme`` rendered for ``name`` (None without one)."""
-    title = f'# Model card for {name}\n\n'
-    return card[card.index(title) + len(title):].split('\n\n', 1)[0] if title in card else None
-
-
-def model_card(
-        arch: str,
-        tag: str,
-        model: nn.Module,
-        metrics: Dict[str, Any],
-        recipe: Optional[Dict[str, Any]] = None,
-        description: Optional[str] = None,
-        dtype: torch.dtype = torch.float32,
-) -> Dict[str, Any]:
-    """The card as timm's generate_readme takes it (what, data, recipe, top-1 with its command, size, usage).
-
-    ``recipe``: the training run's lines (``training_lines``, or ``staged_lines`` for a run that continued from
-    earlier weights), or None for weights of unknown provenance;
-    ``dtype``: the precision the weights file stores (float32 unless the export said otherwise).
-    """
-    from ..benchmark.runner import count_gmacs
-    size = model.pretrained_cfg['input_size']
-    params = sum(p.numel() for p in model.parameters())
-    rid = hub_id(arch, tag)
+def model_card(record: Dict[str, Any], metrics: Dict[str, Any]) -> Dict[str, Any]:
+    """The card as timm's generate_readme takes it (what, data, recipe, top-1 with its command, size, usage), from a
+    weight's record (``hub.record.weight_record``) and its measured figures (``hub.export.measure``)."""
+    name, arch, stages = record['weights'], record['architecture'], record['stages']
+    size = record['input_size']
     details: Dict[str, Any] = {
         'Model Type': 'Image classification',
         'Architecture': f'`{arch}` from timm_odevit (registered in timm on `import timm_odevit`)',
-        'Params (M)': f'{params / 1e6:.3f}',
-        'GMACs': f'{count_gmacs(model, size[-1]):.4f}',
+        'Params (M)': f'{record["params"] / 1e6:.3f}',
+        'GMACs': f'{record["gmacs"]:.4f}',
         'Image size': f'{size[-1]} x {size[-2]}, {size[0]} channel(s)',
         'Dataset': DATASET,
         'License': 'apache-2.0',
     }
-    trunk = ode_trunk(model)
-    if trunk is not None:
-        details['ODE solver'] = (f'{trunk.method}, {trunk.steps} steps (what `pretrained=True` gives, from '
+    if record['solver']:
+        method, steps = record['solver'].split(':')
+        details['ODE solver'] = (f'{method}, {steps} steps (what `pretrained=True` gives, from '
                                  '`config.json`; `model.set_solver(method=..., steps=...)` changes it)')
-    if dtype != torch.float32:
-        details['Stored precision'] = (f'{str(dtype).replace("torch.", "")} (timm loads it into a float32 model; the '
+    if record['stored_dtype'] != 'float32':
+        details['Stored precision'] = (f'{record["stored_dtype"]} (timm loads it into a float32 model; the '
                                        'top-1 figures below are those of the stored weights)')
-    if recipe:
-        details[RECIPE] = dict(recipe)
-    results = {}
-    for name, m in metrics.items():
-        results[name] = (f'top-1 {m["top1"]:.2f}% ({m["correct"]}/{m["n"]}), reproduce with '
-                         f'`{m["command"]}`')
-    details['Measured'] = results
+    if stages:
+        details[RECIPE] = staged_lines([stage['lines'] for stage in stages])
+    details['Measured'] = {key: f'top-1 {m["top1"]:.2f}% ({m["correct"]}/{m["n"]}), reproduce with `{m["command"]}`'
+                           for key, m in metrics.items()}
     usage = (
         '```python\nimport timm, timm_odevit, torch\n\n'
-        f"model = timm.create_model('{arch}.{tag}', pretrained=True).eval()   # or 'hf-hub:{rid}'\n"
+        f"model = timm.create_model('{name}', pretrained=True).eval()   # or 'hf-hub:{hub_id(*name.split('.', 1))}'\n"
         "cfg = timm.data.resolve_data_config(model=model)\n"
         "transform = timm.data.create_transform(**cfg)                  "
         f"# grey PIL image in, {size[0]}x{size[1]}x{size[2]} out\n"
         "# timm's validate.py: python -m timm_odevit.run validate.py --dataset torch/fashion_mnist \\\n"
-        f"#   --data-dir DATA --split test --model {arch}.{tag} --pretrained --in-chans 1\n```\n")
-    keys = list(recipe or {})
-    guidance = [v for k, v in (recipe or {}).items() if k.endswith('teacher guidance')]
-    kind = 'logit distillation' if any(LOGIT_KD in v for v in guidance) else 'trajectory distillation'
-    staged = [m for m in map(_STAGE_KEY.fullmatch, keys) if m]
-    stages = len({m.group(1) for m in staged})
-    if any(k == 'initialised from' or (k.startswith('stage 1 of ') and k.endswith(', initialised from')) for k in keys):
+        f"#   --data-dir DATA --split test --model {name} --pretrained --in-chans 1\n```\n")
+    start = 'from scratch'
+    if stages and stages[0].get('initialised_from'):
         start = 'from other weights'  # its first stage started from weights whose recipe is not known
-    else:
-        start = 'from scratch' + (f' in {stages} stages, each from the weights of the one before' if stages else '')
-    if guidance:
+    elif stages and len(stages) > 1:
+        start += f' in {len(stages)} stages, each from the weights of the one before'
+    guided = [str(i) for i, stage in enumerate(stages or [], 1) if stage.get('teacher')]
+    if guided:
+        kind = 'logit distillation' if any(stage['teacher']['distill'] == 'logit' for stage in stages
+                                           if stage.get('teacher')) else 'trajectory distillation'
         # which stages a teacher guided: a weight whose teacher joined late is mostly its own training
-        guided = [m.group(1) for m in staged if m.group(2) == 'teacher guidance']
         start += f', guided by a teacher ({kind})' + (
-            f' in stage{"s" if len(guided) > 1 else ""} {", ".join(guided)}' if stages > len(guided) else '')
+            f' in stage{"s" if len(guided) > 1 else ""} {", ".join(guided)}' if len(stages) > len(guided) else '')
     return {
         'tags': ['image-classification', 'timm', 'timm_odevit'],
         'license': 'apache-2.0',
-        'description': description or (
+        'description': record['description'] or (
             f'`{arch}` trained {start}'
             + f' on {DATASET} (28x28 grey clothing images, 10 classes, resized to {size[-1]} px) on a CPU; the '
             'training recipe and the measured top-1 are below.'),

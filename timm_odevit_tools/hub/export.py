@@ -19,7 +19,6 @@ from torch import nn
 
 import timm
 from timm.models import save_for_hf
-from timm.models._hub import generate_readme
 
 from . import CARD_FILE, CONFIG_FILE, ORG, WEIGHTS_FILE
 from .. import data as fm
@@ -28,7 +27,8 @@ from ..files import write_failed
 from timm_odevit.layers import DISCRETISATION_OPTIONS, ode_trunk
 from timm_odevit.models.pretrained import fmnist_input
 from ..train import PROG, checkpoint_args, is_training_command, model_from_checkpoint, read_checkpoint, recorded_args
-from .card import card_description, card_stages, evaluate_command, model_card, staged_lines, training_lines
+from .card import evaluate_command, model_card
+from .record import RECORD_FILE, eval_results, read_record, record_json, render_card, stage_record, weight_record
 from .verify import EXPORT_FIX, RepoError, sha256_file, verify_repo, write_manifest
 
 __all__ = ['TEST_SETS', 'STORAGE_DTYPES', 'TRAINED_SOLVER_KWARGS', 'measure', 'trained_solver',
@@ -56,11 +56,11 @@ def measure(model: nn.Module, folder: str, full_test: bool = True,
     metrics, other = {}, {}
     for name, src, key in sets:
         r = evaluate_solved(model, fm.load_tensors(src, 'test', model=model), other_solver)
-        metrics[name] = dict(r['registered'], command=evaluate_command(folder, key))
+        metrics[name] = dict(r['registered'], dataset=name, data=key, command=evaluate_command(folder, key))
         if 'solver' in r:
             method, steps = r['solver']['solver'].split(':')
             other[f"{name}, at the architecture's default solver ({method}, {steps} steps)"] = dict(
-                r['solver'], command=evaluate_command(folder, key, r['solver']['solver']))
+                r['solver'], dataset=name, data=key, command=evaluate_command(folder, key, r['solver']['solver']))
     return {**metrics, **other}
 
 
@@ -98,23 +98,22 @@ def stored_dtype(path: Path) -> torch.dtype:
 
 
 def run_stages(args: Dict[str, Any], record: Dict[str, Any], cfg: Dict[str, Any], repo: Path,
-               threads: Optional[int] = None, ema_published: bool = True) -> List[Dict[str, str]]:
-    """The card lines of a run of the training command (its options and its ``results.json`` record), preceded by
-    those of every stage before it when it started from earlier weights (``--initial-checkpoint``); ``repo``: the
-    folder the export writes."""
-    lines = training_lines(args, cfg, threads, record.get('history'), record.get('guidance'), ema_published,
-                           record.get('device_name'))
-    if not args.get('initial_checkpoint'):
-        return [lines]
-    before, source = _stages_before(args['initial_checkpoint'], record.get('initial_checkpoint_sha256'), cfg, repo)
-    return before + [{'initialised from': source, **lines}]
+               threads: Optional[int] = None, ema_published: bool = True) -> List[Dict[str, Any]]:
+    """The stages (``hub.record.stage_record``) of a run of the training command (its options and its
+    ``results.json`` record), preceded by those of every stage before it when it started from earlier weights
+    (``--initial-checkpoint``); ``repo``: the folder the export writes."""
+    before, source = [], None
+    if args.get('initial_checkpoint'):
+        before, source = _stages_before(args['initial_checkpoint'], record.get('initial_checkpoint_sha256'), cfg, repo)
+    return before + [stage_record(args, cfg, threads, record.get('history'), record.get('guidance'), ema_published,
+                                  record.get('device_name'), source)]
 
 
 def _stages_before(path: str, recorded_sha256: Optional[str], cfg: Dict[str, Any],
-                   repo: Path) -> Tuple[List[Dict[str, str]], str]:
-    """The stages that made the weights a run started from, and the card line naming those weights by hash: a
-    published folder's card, or a checkpoint of the training command with its own stages; none for weights whose
-    recipe is not known."""
+                   repo: Path) -> Tuple[List[Dict[str, Any]], Dict[str, Any]]:
+    """The stages that made the weights a run started from, and those weights as a stage's ``initialised_from``
+    (path, sha256, the published folder they are, the card line naming them): a published folder's record, or a
+    checkpoint of the training command with its own stages; none for weights whose recipe is not known."""
     src = Path(path)
     if not src.is_file():
         raise FileNotFoundError(f'{path}: the run started from these weights (--initial-checkpoint) and they are not '
@@ -125,10 +124,12 @@ def _stages_before(path: str, recorded_sha256: Optional[str], cfg: Dict[str, Any
         raise ValueError(f'{path} changed after the run started from it (sha256 {recorded_sha256} then, {digest} '
                          'now): put back the weights it started from (git history keeps published ones) and export '
                          'again.')
-    source = f'`{path}` (sha256 {digest})'
-    if src.name == WEIGHTS_FILE and (src.parent / CARD_FILE).is_file():
-        stages = card_stages((src.parent / CARD_FILE).read_text(encoding='utf-8'))
-        source += f', the published `{src.parent.name}` weights' + (
+    line = f'`{path}` (sha256 {digest})'
+    published = None
+    if src.name == WEIGHTS_FILE and (src.parent / RECORD_FILE).is_file():
+        published = src.parent.name
+        stages = read_record(src.parent)['stages']
+        line += f', the published `{published}` weights' + (
             ', which this export replaces (git history keeps them)' if src.parent.resolve() == repo.resolve() else '')
     else:
         try:
@@ -139,11 +140,11 @@ def _stages_before(path: str, recorded_sha256: Optional[str], cfg: Dict[str, Any
         if args.get('trainer') == PROG:
             results = src.parent / 'results.json'
             stages = run_stages(args, json.loads(results.read_text()) if results.is_file() else {}, cfg, repo)
-            source += f', the last checkpoint of stage {len(stages)}'
+            line += f', the last checkpoint of stage {len(stages)}'
     if not stages:
-        source += ('; weights of unknown provenance: their recipe is not stated here and the images seen count '
-                   'only the stages below')
-    return stages, source
+        line += ('; weights of unknown provenance: their recipe is not stated here and the images seen count '
+                 'only the stages below')
+    return stages, {'weights': path, 'sha256': digest, 'published': published, 'line': line}
 
 
 def export_checkpoint(
@@ -174,36 +175,43 @@ def export_checkpoint(
         model.load_state_dict({k: v.to(dtype).to(v.dtype) if v.is_floating_point() else v
                                for k, v in model.state_dict().items()})
     arch = arch or args.get('model') or ckpt['arch']
-    recipe = None
+    stages = []
     if args.get('trainer') == PROG:
         # the run's record beside its checkpoint gives the card its wall time and a guided run's resolved guidance;
         # read before measuring, so that missing or changed earlier weights fail at once
         results = Path(checkpoint).parent / 'results.json'
-        record = json.loads(results.read_text()) if results.is_file() else {}
-        recipe = staged_lines(run_stages(args, record, cfg, Path(root) / f'{arch}.{tag}', threads, use_ema))
-    metrics = measure(model, f'{root}/{arch}.{tag}', full_test, architecture_solver(arch, model))
-    repo = export(model, arch, tag, root, model_card(arch, tag, model, metrics, recipe, description, dtype), dtype)
+        run = json.loads(results.read_text()) if results.is_file() else {}
+        stages = run_stages(args, run, cfg, Path(root) / f'{arch}.{tag}', threads, use_ema)
+    other = architecture_solver(arch, model)
+    metrics = measure(model, f'{root}/{arch}.{tag}', full_test, other)
+    record = weight_record(f'{arch}.{tag}', model, stages, description, dtype, _solver_name(other))
+    repo = export(model, arch, tag, root, record, metrics, dtype)
     return {'repo': str(repo), **{k: v['top1'] for k, v in metrics.items()}}
 
 
+def _solver_name(options: Optional[Dict[str, Any]]) -> Optional[str]:
+    return f'{options["method"]}:{options["steps"]}' if options else None
+
+
 def remeasure(folder: str, full_test: bool = True) -> Dict[str, Any]:
-    """Re-measure a published folder and re-render its card and ``config.json``, the weights untouched: at the ODE
-    solver its last training stage ran (the card's command), with the recipe and description its card states. For
-    weights exported before the export kept that solver, or after a change to how the model is built.
+    """Re-measure a published folder and re-render its card, record and ``config.json``, the weights untouched: at
+    the ODE solver its last training stage ran (its record's command), with the stages and description its record
+    states. For weights exported before the export kept that solver, or after a change to how the model is built.
     Returns the folder and the top-1 figures."""
     repo = Path(folder)
-    text = (repo / CARD_FILE).read_text(encoding='utf-8')
-    stages = card_stages(text)
-    if not stages:
-        raise ValueError(f'{repo / CARD_FILE} states no recipe to keep; re-export the checkpoint with `{EXPORT_FIX}`.')
+    before = read_record(repo)
+    if not before['stages']:
+        raise ValueError(f'{repo / RECORD_FILE} states no recipe to keep; re-export the checkpoint with '
+                         f'`{EXPORT_FIX}`.')
     arch, _, tag = repo.name.partition('.')
-    command = stages[-1]['command'].strip('`')
+    command = before['stages'][-1]['command']
     solver = trained_solver(recorded_args(command).model_kwargs) if is_training_command(command) else {}
     dtype = stored_dtype(repo / WEIGHTS_FILE)
     model = timm.create_model(f'local-dir:{repo.resolve()}', pretrained=True, **solver).eval()
-    metrics = measure(model, str(repo), full_test, architecture_solver(arch, model))
-    card = model_card(arch, tag, model, metrics, staged_lines(stages), card_description(text, repo.name), dtype)
-    export(model, arch, tag, str(repo.parent), card, dtype)
+    other = architecture_solver(arch, model)
+    metrics = measure(model, str(repo), full_test, other)
+    record = weight_record(repo.name, model, before['stages'], before['description'], dtype, _solver_name(other))
+    export(model, arch, tag, str(repo.parent), record, metrics, dtype)
     return {'repo': str(repo), **{k: v['top1'] for k, v in metrics.items()}}
 
 
@@ -212,11 +220,12 @@ def export(
         arch: str,
         tag: str,
         root: str = 'weights',
-        card: Optional[Dict[str, Any]] = None,
+        record: Optional[Dict[str, Any]] = None,
+        metrics: Optional[Dict[str, Dict[str, Any]]] = None,
         dtype: torch.dtype = torch.float32,
 ) -> Path:
-    """Write ``root/<arch>.<tag>/`` (safetensors with its tensors in ``dtype``, config.json, README.md), update the
-    manifest and verify it."""
+    """Write ``root/<arch>.<tag>/`` (safetensors with its tensors in ``dtype``, config.json, record.json and the
+    card README.md rendered from the record and the measured ``metrics``), update the manifest and verify it."""
     repo = Path(root) / f'{arch}.{tag}'
     Path(root).mkdir(parents=True, exist_ok=True)
     # written beside, then each file renamed into place: a reader (the mirror, a client) never sees half a file, and
@@ -225,7 +234,11 @@ def export(
     try:
         save_for_hf(copy.deepcopy(model).to(dtype) if dtype != torch.float32 else model, str(staging),
                     safe_serialization=True)
-        (staging / CARD_FILE).write_text(generate_readme(card or {}, f'{arch}.{tag}'), encoding='utf-8')
+        record = record or weight_record(f'{arch}.{tag}', model, [], dtype=dtype)
+        metrics = metrics or {}
+        (staging / RECORD_FILE).write_text(record_json(record), encoding='utf-8')
+        (staging / CARD_FILE).write_text(render_card(model_card(record, metrics), f'{arch}.{tag}',
+                                                     eval_results(metrics)), encoding='utf-8')
         repo.mkdir(exist_ok=True)
         for f in sorted(staging.iterdir()):
             os.replace(f, repo / f.name)
