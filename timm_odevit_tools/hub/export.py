@@ -256,7 +256,7 @@ def export(
 
 def push(folder: str, repo_id: Optional[str] = None, dry_run: bool = False, token: Optional[str] = None,
          private: bool = False) -> List[str]:
-    """Push ``weights/<arch>.<tag>/`` with timm's ``push_to_hf_hub``, then the folder's own model card.
+    """Push ``weights/<arch>.<tag>/`` with timm's ``push_to_hf_hub``, then the folder's own record and model card.
 
     The model is rebuilt from the folder (``local-dir:``) so that timm re-serialises exactly what is there; the dry
     run does that serialisation into a temporary folder and reports each file, its size and whether it is
@@ -284,16 +284,17 @@ def push(folder: str, repo_id: Optional[str] = None, dry_run: bool = False, toke
                     same = 'DIFFERS from'
                 lines.append(f'  {name:18s} {sent.stat().st_size:>10d} bytes  sha256 {sha256_file(sent)[:16]}  '
                              f'{same} {mine}')
-        card = folder_p / CARD_FILE
-        lines.append(f'  {CARD_FILE:18s} {card.stat().st_size:>10d} bytes  (uploaded after, replacing any '
-                     'generated card)')
+        for name, what in ((RECORD_FILE, 'uploaded after'),
+                           (CARD_FILE, 'uploaded after, replacing any generated card')):
+            lines.append(f'  {name:18s} {(folder_p / name).stat().st_size:>10d} bytes  ({what})')
         lines.append('dry run: nothing sent')
         return lines
     from huggingface_hub import HfApi
     from timm.models import push_to_hf_hub
     push_to_hf_hub(model, repo_id, token=token, private=private, safe_serialization=True,
                    commit_message=f'Add {folder_p.name} weights (timm_odevit)')
-    HfApi(token=token).upload_file(path_or_fileobj=str(folder_p / CARD_FILE), path_in_repo=CARD_FILE,
-                                   repo_id=repo_id, commit_message='Model card')
+    for name, message in ((RECORD_FILE, 'Training record'), (CARD_FILE, 'Model card')):
+        HfApi(token=token).upload_file(path_or_fileobj=str(folder_p / name), path_in_repo=name, repo_id=repo_id,
+                                       commit_message=message)
     lines.append('pushed')
     return lines
