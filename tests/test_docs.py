@@ -146,7 +146,8 @@ def test_pages_count_the_registered_models():
 
 def test_every_generated_table_is_known():
     found = _tables()
-    assert {c for _, c, _ in found} >= {'python -m timm_odevit_tools.zoo grid', 'python -m timm_odevit_tools.zoo params',
+    assert {c for _, c, _ in found} >= {'python -m timm_odevit_tools.zoo grid',
+                                        'python -m timm_odevit_tools.zoo params',
                                         'python -m experiments.weights table --root weights'}
     unknown = [(_rel(p), c) for p, c, _ in found if c not in GENERATORS]
     assert not unknown, f'tables with no registered generator: {unknown}'

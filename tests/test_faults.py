@@ -126,7 +126,8 @@ def test_mirror_on_a_busy_or_invalid_port_says_so_in_one_line(tmp_path, port, me
         taken.bind(('127.0.0.1', 0))
         taken.listen(1)
         number = str(taken.getsockname()[1]) if port == 'busy' else port
-        proc = subprocess.run([sys.executable, '-m', 'timm_odevit_tools.hub', 'serve', '--port', number, '--duration', '1'],
+        proc = subprocess.run([sys.executable, '-m', 'timm_odevit_tools.hub', 'serve', '--port', number,
+                               '--duration', '1'],
                               env=_env(tmp_path), capture_output=True, text=True, timeout=FAST, cwd=REPO_ROOT)
     assert proc.returncode == 2, proc.stderr[-2000:]
     lines = proc.stderr.strip().splitlines()

@@ -124,7 +124,8 @@ def set_top1(repo: Path, value: float, data: str = 'full', solver: Optional[str]
 def test_weights_folder_is_complete_and_matches_manifest():
     assert REPOS, 'no published weights under weights/'
     manifest = json.loads((WEIGHTS / MANIFEST_FILE).read_text())
-    assert manifest == build_manifest(WEIGHTS), 'weights/MANIFEST.json is stale: run python -m timm_odevit_tools.hub manifest'
+    assert manifest == build_manifest(WEIGHTS), \
+        'weights/MANIFEST.json is stale: run python -m timm_odevit_tools.hub manifest'
     assert all(not errs for errs in verify_root(WEIGHTS).values()), verify_root(WEIGHTS)
     for repo in REPOS:
         names = {p.name for p in (WEIGHTS / repo).iterdir()}
@@ -490,8 +491,8 @@ def test_error_message_header_is_one_safe_line():
 def test_manifest_of_the_wrong_json_type_is_refused_not_a_crash(manifest, bad_root):
     (bad_root / MANIFEST_FILE).write_text(manifest)
     errs = verify_root(bad_root)
-    assert list(errs) == [''] and MANIFEST_FILE in str(errs[''][0]) and 'python -m timm_odevit_tools.hub manifest' in str(
-        errs[''][0])
+    assert list(errs) == [''] and MANIFEST_FILE in str(errs[''][0])
+    assert 'python -m timm_odevit_tools.hub manifest' in str(errs[''][0])
     with HubMirror(str(bad_root)) as m:
         status, h, _ = _request(f'{m.url}/{ORG}/{PICK}/resolve/main/config.json', 'HEAD')
     assert status == REFUSED_STATUS and MANIFEST_FILE in h['X-Error-Message']
@@ -1116,7 +1117,8 @@ def test_learning_curves_from_run_logs(tmp_path):
     run = tmp_path / 'dense_vit_tiny_patch4_32.fmnist'
     run.mkdir()
     # recorded on another machine: its data folder is not here, which must not matter for reading the command
-    (run / 'command.txt').write_text('OMP_NUM_THREADS=2 python -m timm_odevit_tools.train --model dense_vit_tiny_patch4_32 '
+    (run / 'command.txt').write_text('OMP_NUM_THREADS=2 python -m timm_odevit_tools.train '
+                                     '--model dense_vit_tiny_patch4_32 '
                                      f'--epochs 4 --val-samples 500 --data-dir {tmp_path / "gone"}\n')
     (run / 'summary.csv').write_text('epoch,train_loss,eval_top1,eval_ema_top1\n0,1.5,61.26,20.0\n1,1.1,70.04,44.96\n')
     (tmp_path / 'empty').mkdir()  # a folder without a summary is not a run

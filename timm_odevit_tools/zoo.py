@@ -99,7 +99,8 @@ TABLES = {'grid': grid_table, 'params': zoo_table, 'reduction': reduction_table,
 
 
 def _main(argv: Optional[List[str]] = None) -> None:
-    parser = argparse.ArgumentParser(prog='python -m timm_odevit_tools.zoo', description='Print one zoo table (Markdown).')
+    parser = argparse.ArgumentParser(prog='python -m timm_odevit_tools.zoo',
+                                     description='Print one zoo table (Markdown).')
     parser.add_argument('table', choices=sorted(TABLES))
     parser.add_argument('--sizes', nargs='+', default=list(SIZES), choices=SIZES, help='for params and reduction')
     args = parser.parse_args(argv)

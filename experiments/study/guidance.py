@@ -64,7 +64,8 @@ def _check_train_options(options: str) -> None:
     try:
         given = vars(parse_args(base + shlex.split(options)))
     except SystemExit as e:  # argparse has printed what is wrong
-        raise ValueError(f'--train-options {options!r} is not an option list of python -m timm_odevit_tools.train.') from e
+        raise ValueError(f'--train-options {options!r} is not an option list of '
+                         'python -m timm_odevit_tools.train.') from e
     # resolved through the parser, so an abbreviation (--epo 3) is caught as well
     changed = {k for k, v in vars(parse_args(base)).items() if given[k] != v}
     taken = changed & ({f.name for f in fields(StudyRecipe)} | set(RUN_OPTIONS) | set(distillation_options()))

@@ -1,7 +1,7 @@
 """Trajectory distillation: a discrete ViT teacher guides the depth trajectory of an ODE (or looped) student.
 
-``TrajectoryDistillationTask`` is a ``timm.task.TrainingTask``; ``python -m timm_odevit_tools.train --teacher ...`` trains
-with it.
+``TrajectoryDistillationTask`` is a ``timm.task.TrainingTask``; the tools' training command,
+``python -m timm_odevit_tools.train --teacher ...``, trains with it.
 """
 from .init import COPYABLE_PARTS, copy_from_teacher
 from .losses import STATE_NORMS, cls_attention_loss, jasmin_loss, logit_kd_loss, state_matching_loss

@@ -1,5 +1,6 @@
-"""``python -m timm_odevit_tools.data layout|sample``: lay Fashion-MNIST's IDX files out for torchvision and timm, or write
-the seeded test sample. A module of its own, so that running it never re-executes the package the models import."""
+"""``python -m timm_odevit_tools.data layout|sample``: lay Fashion-MNIST's IDX files out for torchvision and timm,
+or write the seeded test sample. A module of its own, so that running it never re-executes the package the models
+import."""
 import argparse
 from typing import Optional, Sequence
 

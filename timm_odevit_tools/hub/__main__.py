@@ -35,8 +35,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     p = argparse.ArgumentParser(prog='python -m timm_odevit_tools.hub', description=__doc__)
     sub = p.add_subparsers(dest='cmd', required=True)
 
-    e = sub.add_parser('export', help='export a checkpoint of python -m timm_odevit_tools.train to <root>/<arch>.<tag>/ '
-                                      'and update the manifest')
+    e = sub.add_parser('export', help='export a checkpoint of python -m timm_odevit_tools.train to '
+                                      '<root>/<arch>.<tag>/ and update the manifest')
     e.add_argument('checkpoint', help='e.g. output/train/<run>/last.pth.tar')
     e.add_argument('--tag', required=True, help='what the weights are, e.g. fmnist or fmnist_64px')
     e.add_argument('--arch', default=None, help="default: the checkpoint's --model")

@@ -17,7 +17,8 @@ LOGIT_KD = "logit KD alone (timm's LogitDistillationTask)"
 
 def evaluate_command(folder: str, data: str, solver: Optional[str] = None) -> str:
     """The command that measures a card's top-1: ``python -m timm_odevit_tools.hub evaluate``."""
-    return f'python -m timm_odevit_tools.hub evaluate {folder} --data {data}' + (f' --solver {solver}' if solver else '')
+    return (f'python -m timm_odevit_tools.hub evaluate {folder} --data {data}'
+            + (f' --solver {solver}' if solver else ''))
 
 
 def guidance_line(args: Dict[str, Any], guidance: Optional[Dict[str, Any]] = None) -> str:

@@ -6,7 +6,8 @@ pointing at it (huggingface_hub reads HF_ENDPOINT when it is imported, and timm 
 a temporary folder as working directory, exactly as a user would. Prints the requests the mirror saw and the top-1.
 
 What it serves and classifies ships with the package: ``pip install .`` copies the demo's weights folder and the
-sample into the library's ``timm_odevit/_bundled/`` (setup.py reads ``BUNDLE_DIR``, ``BUNDLED_REPOS`` and ``SAMPLE_NAME`` below).
+sample into the library's ``timm_odevit/_bundled/`` (setup.py reads ``BUNDLE_DIR``, ``BUNDLED_REPOS`` and
+``SAMPLE_NAME`` below).
 An editable install or a plain checkout uses ``weights/`` and ``tests/data/`` of the checkout instead.
 """
 import os

@@ -245,8 +245,8 @@ class _Snapshot:
         if not self.errors:
             return None
         first, *rest = sorted(self.errors.values(), key=lambda e: e.path != target)
-        more = (f' ({len(rest)} more problem{"s" if len(rest) > 1 else ""} in this repo: `python -m timm_odevit_tools.hub '
-                "verify --root <the mirror's folder>` lists them)") if rest else ''
+        more = (f' ({len(rest)} more problem{"s" if len(rest) > 1 else ""} in this repo: '
+                "`python -m timm_odevit_tools.hub verify --root <the mirror's folder>` lists them)") if rest else ''
         # one header line a client takes whole (proxies and clients cut header lines at a few KiB): the file named
         # by its repo folder and name, not by the mirror's whole path
         reason = str(first).replace(str(first.path), (Path(first.path.parent.name) / first.path.name).as_posix(), 1)

@@ -43,7 +43,8 @@ from timm.utils import (
 from timm.utils.distributed import init_distributed_device_so
 
 from ..data import FASHION_MNIST_MEAN, FASHION_MNIST_STD, DeviceBatches, augment_batch, build_dataset
-from timm_odevit.distill import LOSS_KEYS, STATE_NORMS, TrajectoryDistillationTask, find_attention_module, indices_to_times
+from timm_odevit.distill import (LOSS_KEYS, STATE_NORMS, TrajectoryDistillationTask, find_attention_module,
+                                 indices_to_times)
 from ..evaluate import evaluate
 from ..files import write_failed
 from timm_odevit.models import DepthVisionTransformer
