@@ -1,11 +1,14 @@
 """Test setup: fetch timm's own model test suite from the timm sdist on PyPI into a cache folder (never into the
-checkout, never committed); ``tests/timm_suite/test_timm_models.py`` runs it."""
+checkout, never committed; ``tests/timm_suite/test_timm_models.py`` runs it), and mark the tests outside the fast
+tier ``slow`` (``tests/slow_tests.txt``)."""
 import os
 import subprocess
 import sys
 import tarfile
 import tempfile
 from pathlib import Path
+
+import pytest
 
 TIMM_SUITE_VERSION = '1.0.31'
 # where test_timm_models.py finds the fetched file (set by pytest_configure)
@@ -61,3 +64,15 @@ def collects_timm_suite(config) -> bool:
 def pytest_configure(config):
     if collects_timm_suite(config):
         os.environ[SUITE_ENV] = str(fetch_timm_suite(suite_file()))
+
+
+# the tests outside the fast tier (`python -m pytest -m "not slow"`), as tests/tiers.py chose them from measured
+# durations; timm's own model tests are all slow
+SLOW_TESTS = Path(__file__).resolve().parent / 'slow_tests.txt'
+
+
+def pytest_collection_modifyitems(config, items):
+    slow = set(SLOW_TESTS.read_text().split()) if SLOW_TESTS.is_file() else set()
+    for item in items:
+        if item.nodeid in slow or item.nodeid.startswith('tests/timm_suite/'):
+            item.add_marker(pytest.mark.slow)

@@ -259,7 +259,7 @@ def test_protocol_headers_range_and_404_codes(mirror):
     status, h, body = _request(f'{mirror.url}/api/models/{ORG}/{PICK}')
     info = json.loads(body)
     assert status == 200 and {s['rfilename'] for s in info['siblings']} == {'model.safetensors', 'config.json',
-                                                                             'README.md'}
+                                                                             'README.md', RECORD_FILE}
 
 
 def test_missing_repo_and_file_raise_hub_errors(mirror, tmp_path):

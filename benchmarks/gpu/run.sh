@@ -79,12 +79,12 @@ timeout "$THROUGHPUT_SECONDS" python benchmarks/train_throughput.py "${THROUGHPU
 run_bench() {  # name seconds args...: one sweep, cut at its time limit; the tables it wrote so far stay
   local name=$1 limit=$2; shift 2
   echo "# benchmark $name (at most $limit s)"
-  timeout "$limit" python -m timm_odevit.benchmark "${DEVICE[@]}" --precision amp_bfloat16 --out-dir "$OUT" \
+  timeout "$limit" python -m timm_odevit_tools.benchmark "${DEVICE[@]}" --precision amp_bfloat16 --out-dir "$OUT" \
     --prefix "$name" "$@" 2>&1 | grep -v -e '^USDT' -e 'benchmark:' | tail -60
   local rc=${PIPESTATUS[0]}
   if [ "$rc" = 124 ] && [ -f "$OUT/$name.csv" ]; then
     echo "$name: cut at $limit s; redrawing what was measured"
-    python -m timm_odevit.benchmark --plot-only "$OUT/$name.csv" --out-dir "$OUT" --prefix "$name" >/dev/null
+    python -m timm_odevit_tools.benchmark --plot-only "$OUT/$name.csv" --out-dir "$OUT" --prefix "$name" >/dev/null
   fi
   return "$rc"
 }
