@@ -1,8 +1,9 @@
 """Export a trained checkpoint into ``weights/<arch>.<tag>/`` exactly as its Hub repository, and push one.
 
-The folder holds ``model.safetensors`` and ``config.json`` as ``timm.models.save_for_hf`` writes them, and a model
-card ``README.md`` rendered by timm's ``generate_readme``; ``weights/MANIFEST.json`` is rewritten with every file's
-sha256 and size, and the repo is verified (config, architecture, weight shapes) before the command returns.
+The folder holds ``model.safetensors`` and ``config.json`` as ``timm.models.save_for_hf`` writes them, the weight's
+``record.json`` and a model card ``README.md`` rendered from that record by timm's ``generate_readme``, with the
+measured top-1 as its model-index (``record.py``); ``weights/MANIFEST.json`` is rewritten with every file's sha256
+and size, and the repo is verified (config, architecture, weight shapes) before the command returns.
 """
 import copy
 import json
