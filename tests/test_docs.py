@@ -56,6 +56,19 @@ def _guidance_variants(dirs: Tuple[str, ...]) -> Callable[[], str]:
     return gen
 
 
+def _elasticity(folder: str) -> Callable[[], str]:
+    # rendered from the committed elasticity.csv, as the command renders it after measuring
+    def gen() -> str:
+        from experiments.study.elasticity import elasticity_table, read_rows
+        return elasticity_table(read_rows(REPO_ROOT / folder / 'elasticity.csv'))
+    return gen
+
+
+def _trajectory() -> str:
+    from experiments.study.guidance import read_trajectory, trajectory_table
+    return trajectory_table(read_trajectory(REPO_ROOT / 'results' / 'weights' / 'trajectory.csv'))
+
+
 def _committed(rel: str) -> Callable[[], str]:
     # a table a command wrote from artefacts that are not committed (checkpoints): the page must equal the file
     return lambda: (REPO_ROOT / rel).read_text()
@@ -94,11 +107,11 @@ GENERATORS: Dict[str, Callable[[], str]] = {
     'python -m experiments.weights table --kind curves --logs results/weights': _weights('curves'),
     'python -m experiments.study report': _study_report,
     'python -m experiments.study elasticity (writes results/fmnist_study/elasticity.md)':
-        _committed('results/fmnist_study/elasticity.md'),
+        _elasticity('results/fmnist_study'),
     'python -m experiments.weights elasticity --root weights --looped-as-ode (writes results/weights/elasticity.md)':
-        _committed('results/weights/elasticity.md'),
+        _elasticity('results/weights'),
     'python -m experiments.weights trajectory --root weights (writes results/weights/trajectory.md)':
-        _committed('results/weights/trajectory.md'),
+        _trajectory,
     'python -m experiments.study guidance-report (writes results/guidance/guidance.md)':
         _committed('results/guidance/guidance.md'),
     'python -m experiments.study guidance-report --out-dir results/guidance_noinit '

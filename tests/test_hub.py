@@ -1050,7 +1050,7 @@ def test_trajectory_of_the_published_students(tmp_path, monkeypatch):
     times = teacher_target_times(tmp_path / 'weights' / names[1])
     assert len(times) == 12 and times[-1] == 12.0
     rows = (tmp_path / 'out' / 'trajectory.csv').read_text().splitlines()
-    assert rows[0] == 'student,teacher,arm,weights,distance,time,gap' and len(rows) == 1 + 2 * 2 * len(times)
+    assert rows[0] == 'student,teacher,arm,weights,distance,images,time,gap' and len(rows) == 1 + 2 * 2 * len(times)
     gaps = {(arm, distance): [float(r.split(',')[-1]) for r in rows[1:] if f',{arm},' in r and f',{distance},' in r]
             for arm in ('scratch', 'guided') for distance in ('cosine', 'gram')}
     assert all(len(g) == len(times) for g in gaps.values()), gaps
@@ -1139,7 +1139,7 @@ def test_elasticity_of_published_ode_weights(tmp_path):
     table = write_weights_elasticity(root, tmp_path / 'out', ['euler:3', 'rk4:2'], test_samples=16,
                                      data_dir=str(fm.SAMPLE_DIR))
     rows = (tmp_path / 'out' / 'elasticity.csv').read_text().splitlines()
-    assert rows[0] == 'model,seed,method,steps,nfe,top1' and len(rows) == 3
+    assert rows[0] == 'model,seed,method,steps,nfe,images,top1' and len(rows) == 3
     assert [r.split(',')[:5] for r in rows[1:]] == [['odevit_tiny_patch4_32.fmnist', '', 'euler', '3', '3'],
                                                      ['odevit_tiny_patch4_32.fmnist', '', 'rk4', '2', '8']]
     assert '| NFE | | 3 | 8 |' in table and 'first 16 Fashion-MNIST' in table
@@ -1163,7 +1163,7 @@ def test_elasticity_solves_looped_weights_as_their_ode_twin(tmp_path):
     assert [r[:5] for r in rows] == [[name, '', 'euler', '12', '12'], [name, '', 'euler', '6', '6']]
     model = timm.create_model(f'local-dir:{root / looped}', pretrained=True)
     want = evaluate(model, fm.load_tensors(fm.SAMPLE_DIR, 'test', model=model, limit=64))['top1']
-    assert float(rows[0][5]) == round(want, 2) > 50 and f'| `{name}` |' in table
+    assert rows[0][5] == '64' and float(rows[0][6]) == round(want, 2) > 50 and f'| `{name}` |' in table
     export_ode = timm.create_model('odevit_tiny_patch4_32', num_classes=10, in_chans=1, depth=2)
     from timm_odevit_tools.hub.export import export
     export(export_ode, 'odevit_tiny_patch4_32', 'fmnist', str(root))

@@ -3,9 +3,8 @@ against the number of field evaluations (NFE) per image; elasticity.csv, elastic
 models are the study's ODE runs (``write_elasticity``) or the published ODE weights (``write_weights_elasticity``)."""
 import csv
 import json
-import re
 from pathlib import Path
-from typing import Dict, Iterable, List, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
 from torch import nn
 
@@ -14,12 +13,13 @@ from timm_odevit_tools.hub import CONFIG_FILE, WEIGHTS_FILE
 from timm_odevit_tools.hub.verify import EXPORT_FIX
 from .runs import STUDY_PAIRS
 
-__all__ = ['ELASTICITY_SOLVERS', 'write_elasticity', 'write_weights_elasticity']
+__all__ = ['ELASTICITY_SOLVERS', 'elasticity_table', 'read_rows', 'write_elasticity', 'write_weights_elasticity']
 
 # coarser and finer than the registered 12 Euler steps, ODE-ViT's 23-step training grid and its 24 points, and RK4
 ELASTICITY_SOLVERS = ('euler:3', 'euler:6', 'euler:12', 'euler:23', 'euler:24', 'rk4:3', 'rk4:6')
-# the table's last line, which --only reads back to know how many images the kept rows were measured on
 IMAGES_LINE = 'Top-1 (%) on the first {} Fashion-MNIST test images.'
+# elasticity.csv's columns: the table and the --only rows are read from it
+ROW_FIELDS = ['model', 'seed', 'method', 'steps', 'nfe', 'images', 'top1']
 
 
 def write_elasticity(root: Path, solvers: Sequence[str], test_samples: int = 2000) -> str:
@@ -102,11 +102,8 @@ def _kept_rows(out: Path, keep: Sequence[str], names: Sequence[str], solvers: Se
                test_samples: int) -> List[Dict[str, object]]:
     """The rows of ``keep`` from ``out``'s elasticity.csv, checked to be at ``solvers`` on ``test_samples`` images
     (elasticity.md states the number); refused where the new table, rows ``names``, would drop one of its rows."""
-    table, md = out / 'elasticity.csv', out / 'elasticity.md'
-    last: List[Dict[str, str]] = []
-    if table.is_file():
-        with open(table, newline='') as f:
-            last = list(csv.DictReader(f))
+    table = out / 'elasticity.csv'
+    last = read_rows(table) if table.is_file() else []
     lost = sorted({r['model'] for r in last} - set(names))
     if lost:
         raise ValueError(f'{table} holds rows that this table would lose ({", ".join(lost)}): rerun with the options '
@@ -114,15 +111,13 @@ def _kept_rows(out: Path, keep: Sequence[str], names: Sequence[str], solvers: Se
     if not keep:
         return []
     rerun = 'rerun python -m experiments.weights elasticity without --only'
-    if not (table.is_file() and md.is_file()):
-        raise ValueError(f'{out} holds no earlier elasticity.csv and .md to keep the other weights\' rows from: '
+    if not last:
+        raise ValueError(f'{out} holds no earlier elasticity.csv to keep the other weights\' rows from: {rerun}')
+    rows = [r for r in last if r['model'] in keep]
+    other = sorted({r['images'] for r in rows} - {test_samples})
+    if other:
+        raise ValueError(f'{table} was measured on {" and ".join(map(str, other))} test images, not {test_samples}: '
                          f'{rerun}')
-    found = re.search(re.escape(IMAGES_LINE).replace(r'\{\}', r'(\d+)'), md.read_text())
-    if found is None or int(found.group(1)) != test_samples:
-        raise ValueError(f'{md} was measured on {found.group(1) if found else "an unstated number of"} test images, '
-                         f'not {test_samples}: {rerun}')
-    rows = [{**r, 'steps': int(r['steps']), 'nfe': int(r['nfe']), 'top1': float(r['top1'])}
-            for r in last if r['model'] in keep]
     want = [parse_solver(s) for s in solvers]
     for name in keep:
         have = [(r['method'], r['steps']) for r in rows if r['model'] == name]
@@ -148,27 +143,42 @@ def _write(models: Iterable[Tuple[str, str, nn.Module]], solvers: Sequence[str],
             model.trunk.set_solver(method=method, steps=steps)
             r = evaluate(model, images[size])
             rows.append({'model': label, 'seed': seed, 'method': method, 'steps': steps,
-                         'nfe': round(r['nfe']), 'top1': round(r['top1'], 2)})
+                         'nfe': round(r['nfe']), 'images': len(images[size][1]), 'top1': round(r['top1'], 2)})
     if not rows:
         raise FileNotFoundError(none_found)
     if kept:
         position = {name: i for i, name in enumerate(order)}
         rows = sorted([*kept, *rows], key=lambda r: position[r['model']])  # stable: each model's solver order kept
     with open(out / 'elasticity.csv', 'w', newline='') as f:
-        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        w = csv.DictWriter(f, fieldnames=ROW_FIELDS)
         w.writeheader()
         w.writerows(rows)
-    n = len(next(iter(images.values()))[1])
-    _plot(rows, out / 'elasticity.png', n, title)
-    head = '| model | seed | ' + ' | '.join(f'{m} {s}' for m, s in parsed) + ' |'
-    lines = [head, '|---|---:|' + '---:|' * len(parsed), '| NFE | | ' + ' | '.join(
-        str(next(r['nfe'] for r in rows if (r['method'], r['steps']) == ms)) for ms in parsed) + ' |']
-    for model, seed in dict.fromkeys((r['model'], r['seed']) for r in rows):
-        vals = {(r['method'], r['steps']): r['top1'] for r in rows if (r['model'], r['seed']) == (model, seed)}
-        lines.append(f'| `{model}` | {seed} | ' + ' | '.join(f'{vals[ms]:.2f}' for ms in parsed) + ' |')
-    table = '\n'.join(lines) + '\n\n' + IMAGES_LINE.format(n) + '\n'
+    _plot(rows, out / 'elasticity.png', rows[0]['images'], title)
+    table = elasticity_table(rows)
     (out / 'elasticity.md').write_text(table)
     return table
+
+
+def read_rows(path: Path) -> List[Dict[str, Any]]:
+    """The rows of an elasticity.csv, numbers as numbers."""
+    with open(path, newline='') as f:
+        return [{**r, 'steps': int(r['steps']), 'nfe': int(r['nfe']), 'images': int(r['images']),
+                 'top1': float(r['top1'])} for r in csv.DictReader(f)]
+
+
+def elasticity_table(rows: Sequence[Dict[str, Any]]) -> str:
+    """elasticity.md from the rows of elasticity.csv (``read_rows``): one column per solver, in the order measured,
+    with its NFE; one row per model and seed."""
+    solvers = list(dict.fromkeys((r['method'], r['steps']) for r in rows))
+    head = '| model | seed | ' + ' | '.join(f'{m} {s}' for m, s in solvers) + ' |'
+    lines = [head, '|---|---:|' + '---:|' * len(solvers), '| NFE | | ' + ' | '.join(
+        str(next(r['nfe'] for r in rows if (r['method'], r['steps']) == ms)) for ms in solvers) + ' |']
+    for model, seed in dict.fromkeys((r['model'], r['seed']) for r in rows):
+        vals = {(r['method'], r['steps']): r['top1'] for r in rows if (r['model'], r['seed']) == (model, seed)}
+        lines.append(f'| `{model}` | {seed} | ' + ' | '.join(f'{vals[ms]:.2f}' for ms in solvers) + ' |')
+    images = sorted({r['images'] for r in rows})
+    return '\n'.join(lines) + '\n\n' + IMAGES_LINE.format(' / '.join(map(str, images))) + '\n'
+
 
 
 def _plot(rows: List[Dict[str, object]], path: Path, n: int, title: str) -> None:

@@ -28,7 +28,8 @@ from .report import mean_sd
 from .runs import RUN_OPTIONS, Run, StudyRecipe
 
 __all__ = ['ARMS', 'check_teacher', 'guidance_setup', 'guidance_runs', 'guidance_variants',
-           'record_full_test', 'teacher_checkpoint', 'write_guidance_report', 'write_weights_trajectory']
+           'read_trajectory', 'record_full_test', 'teacher_checkpoint', 'trajectory_table', 'write_guidance_report',
+           'write_weights_trajectory']
 
 ARMS = ('scratch', 'guided')
 # the trajectory is compared scale-free (1 - cosine of CLS states): raw states of teacher and student differ in norm
@@ -415,6 +416,38 @@ def write_guidance_report(root: Path, test_samples: int = 256, data_dir: Optiona
     return table
 
 
+def read_trajectory(path: Path) -> List[Dict[str, Any]]:
+    """The rows of a trajectory.csv (one per student, distance and target time), numbers as numbers."""
+    with open(path, newline='') as f:
+        return [{**r, 'images': int(r['images']), 'time': float(r['time']), 'gap': float(r['gap'])}
+                for r in csv.DictReader(f)]
+
+
+def trajectory_table(rows: Sequence[Dict[str, Any]]) -> str:
+    """trajectory.md from the rows of trajectory.csv (``read_trajectory``): one line per student weights and
+    distance, a header per set of target times."""
+    lines: List[str] = []
+    times_before = None
+    for key in dict.fromkeys((r['student'], r['teacher'], r['weights'], r['distance']) for r in rows):
+        own = [r for r in rows if (r['student'], r['teacher'], r['weights'], r['distance']) == key]
+        times = [r['time'] for r in own]
+        if times != times_before:
+            lines += ([''] if lines else []) + [
+                '| student | teacher | weights | distance | ' + ' | '.join(f't = {t:g}' for t in times) + ' |',
+                '|---|---|---|---|' + '---:|' * len(times)]
+            times_before = times
+        lines.append(f'| `{key[0]}` | `{key[1]}` | `{key[2]}` | {key[3]} | '
+                     + ' | '.join(f'{r["gap"]:.3f}' for r in own) + ' |')
+    images = ' / '.join(map(str, sorted({r['images'] for r in rows})))
+    lines += ['', f'Distance between the student\'s CLS state at each target time of the guided card and the '
+                  f'teacher\'s block output on the first {images} Fashion-MNIST test images: cosine, 1 - cosine '
+                  'similarity (mean over images; 0 = aligned, 1 = orthogonal), asks whether the student\'s states '
+                  'point where the teacher\'s do; gram, the mean squared difference of the two similarity matrices of '
+                  'the images (`--state-norm gram`; 0 = the images relate alike), asks whether they relate the images '
+                  'as the teacher\'s do, in any basis.']
+    return '\n'.join(lines) + '\n'
+
+
 def _guiding_teacher(guided: Path, named: str, teacher_root: Optional[Path], history: Path) -> Path:
     """The file of the teacher that guided ``guided`` (its card names it as ``named``, relative to the repository,
     and records its sha256): under ``teacher_root`` when given, else in the working directory, else (a file since
@@ -484,26 +517,14 @@ def write_weights_trajectory(root: Path, out_dir: Path, test_samples: int = 256,
                                 'python -m experiments.weights table --kind guided lists the pairs.')
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
+    # six decimals: the table's three, rendered from the csv, are those of the measured value
+    csv_rows = [{'student': r['student'], 'teacher': r['teacher'], 'arm': r['arm'], 'weights': r['weights'],
+                 'distance': r['distance'], 'images': len(images), 'time': t, 'gap': round(g, 6)}
+                for r in rows for t, g in zip(r['times'], r['gaps'])]
     with open(out / 'trajectory.csv', 'w', newline='') as f:
-        w = csv.writer(f)
-        w.writerow(['student', 'teacher', 'arm', 'weights', 'distance', 'time', 'gap'])
-        for r in rows:
-            w.writerows([r['student'], r['teacher'], r['arm'], r['weights'], r['distance'], t, round(g, 4)]
-                        for t, g in zip(r['times'], r['gaps']))
-    lines = []
-    for i, r in enumerate(rows):
-        if i == 0 or r['times'] != rows[i - 1]['times']:
-            lines += ([''] if lines else []) + [
-                '| student | teacher | weights | distance | ' + ' | '.join(f't = {t:g}' for t in r['times']) + ' |',
-                '|---|---|---|---|' + '---:|' * len(r['times'])]
-        lines.append(f'| `{r["student"]}` | `{r["teacher"]}` | `{r["weights"]}` | {r["distance"]} | '
-                     + ' | '.join(f'{g:.3f}' for g in r['gaps']) + ' |')
-    lines += ['', f'Distance between the student\'s CLS state at each target time of the guided card and the '
-                  f'teacher\'s block output on the first {len(images)} Fashion-MNIST test images: cosine, 1 - cosine '
-                  'similarity (mean over images; 0 = aligned, 1 = orthogonal), asks whether the student\'s states '
-                  'point where the teacher\'s do; gram, the mean squared difference of the two similarity matrices of '
-                  'the images (`--state-norm gram`; 0 = the images relate alike), asks whether they relate the images '
-                  'as the teacher\'s do, in any basis.']
-    table = '\n'.join(lines) + '\n'
+        w = csv.DictWriter(f, fieldnames=list(csv_rows[0]))
+        w.writeheader()
+        w.writerows(csv_rows)
+    table = trajectory_table(csv_rows)
     (out / 'trajectory.md').write_text(table)
     return table
