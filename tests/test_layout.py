@@ -4,6 +4,9 @@ experiments, the tools (``timm_odevit_tools``) free of the experiments, and no i
 Imports are read from the source (``ast``), function-level ones included, so a lazy import counts as much as one at
 the top of a module."""
 import ast
+import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Dict, List, Optional, Set
 
@@ -124,3 +127,17 @@ def test_library_is_at_most_4000_lines():
     total = sum(counts.values())
     largest = sorted(counts.items(), key=lambda kv: -kv[1])[:5]
     assert total <= LIBRARY_MAX_LINES, f'the library has {total} lines (largest: {largest}): move tooling out'
+
+
+@pytest.mark.parametrize('argv, says', [
+    (['timm_odevit', '--no-demo', '--sizes', 'tiny'], '| `ssog_ode_tiny` | ssog | ode |'),
+    (['timm_odevit.train', '--help'], 'usage: python -m timm_odevit_tools.train'),
+    (['timm_odevit.hub', 'evaluate', '--help'], 'usage: python -m timm_odevit_tools.hub evaluate'),
+])
+def test_the_librarys_command_names_run_the_tools(argv, says, tmp_path):
+    """``python -m timm_odevit`` (the README's main command) and the names published cards give
+    (``timm_odevit.train``, ``timm_odevit.hub evaluate``) run the tools' commands, from any folder."""
+    env = {k: v for k, v in os.environ.items() if k != 'PYTHONPATH'}
+    r = subprocess.run([sys.executable, '-m', *argv], capture_output=True, text=True, timeout=600, cwd=tmp_path,
+                       env=dict(env, PYTHONPATH=str(REPO_ROOT)))
+    assert r.returncode == 0 and says in r.stdout, r.stdout[-2000:] + r.stderr[-2000:]
