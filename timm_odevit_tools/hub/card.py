@@ -11,7 +11,7 @@ __all__ = ['DATASET', 'RECIPE', 'LOGIT_KD', 'evaluate_command', 'guidance_line',
 
 DATASET = 'Fashion-MNIST'
 RECIPE = 'Training recipe'  # the card's heading of the recipe lines
-# how a teacher line of a --distill logit run starts its loss: the card's description reads the kind back from it
+# how the teacher line of a --distill logit run names its loss
 LOGIT_KD = "logit KD alone (timm's LogitDistillationTask)"
 
 
