@@ -137,7 +137,7 @@ def matched_table(root: Path) -> str:
 
 
 def _scratch_command(command: str) -> str:
-    """A card's training command with every distillation option at its default, in canonical form: the command
+    """A recorded training command with every distillation option at its default, in canonical form: the command
     that trains the same recipe without a teacher."""
     from timm_odevit_tools.train.command import distillation_options
     args = vars(recorded_args(command))

@@ -101,7 +101,7 @@ def _ode_twin(arch: str) -> Optional[str]:
 def _kept_rows(out: Path, keep: Sequence[str], names: Sequence[str], solvers: Sequence[str],
                test_samples: int) -> List[Dict[str, object]]:
     """The rows of ``keep`` from ``out``'s elasticity.csv, checked to be at ``solvers`` on ``test_samples`` images
-    (elasticity.md states the number); refused where the new table, rows ``names``, would drop one of its rows."""
+    (each row states its number); refused where the new table, rows ``names``, would drop one of its rows."""
     table = out / 'elasticity.csv'
     last = read_rows(table) if table.is_file() else []
     lost = sorted({r['model'] for r in last} - set(names))

@@ -449,8 +449,8 @@ def trajectory_table(rows: Sequence[Dict[str, Any]]) -> str:
 
 
 def _guiding_teacher(guided: Path, named: str, teacher_root: Optional[Path], history: Path) -> Path:
-    """The file of the teacher that guided ``guided`` (its card names it as ``named``, relative to the repository,
-    and records its sha256): under ``teacher_root`` when given, else in the working directory, else (a file since
+    """The file of the teacher that guided ``guided`` (its record names it as ``named``, relative to the repository,
+    with its sha256): under ``teacher_root`` when given, else in the working directory, else (a file since
     replaced) the version of that sha256 from git history, laid out under ``history``."""
     from ..tables import teacher_sha256
     from timm_odevit_tools.hub.verify import sha256_file, version_from_history
@@ -479,14 +479,15 @@ def _guiding_teacher(guided: Path, named: str, teacher_root: Optional[Path], his
 def write_weights_trajectory(root: Path, out_dir: Path, test_samples: int = 256,
                              data_dir: Optional[str] = None, teacher_root: Optional[Path] = None) -> str:
     """The trajectory of the published students: for each guided weight under ``root`` and its scratch twin (the
-    rows of ``hub table --kind guided``), the distance between each student's CLS state at the guided card's target
-    times and the teacher's block outputs, on the first ``test_samples`` test images preprocessed as the card's
-    command trained on. Writes ``trajectory.md`` and ``trajectory.csv`` under ``out_dir``; returns the Markdown.
+    rows of ``experiments.weights table --kind guided``), the distance between each student's CLS state at the guided
+    record's target times and the teacher's block outputs, on the first ``test_samples`` test images preprocessed as
+    the record's command trained on. Writes ``trajectory.md`` and ``trajectory.csv`` under ``out_dir``; returns
+    the Markdown.
 
-    Read from the published files alone (the card's command and times, the teacher checkpoint it names), so anyone
-    with the weights reruns it; checkpoints are not needed. The teacher checkpoint a card names (a path relative to
-    the repository) is looked for under ``teacher_root``; by default in the working directory (the repository root)
-    or, when that file has since been replaced, as the version of the card's sha256 in git history."""
+    Read from the published files alone (each record's commands, target times and teacher), so anyone with the
+    weights reruns it; checkpoints are not needed. The teacher checkpoint a record names (a path relative to the
+    repository) is looked for under ``teacher_root``; by default in the working directory (the repository root) or,
+    when that file has since been replaced, as the version of the record's sha256 in git history."""
     from safetensors.torch import load_file
     from ..tables import stage_commands, teacher_target_times, guided_pairs
     from timm_odevit_tools.train import recorded_args
