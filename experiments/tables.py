@@ -16,8 +16,8 @@ from timm_odevit_tools.hub.verify import EXPORT_FIX
 
 from .paper import PAPER_GAIN, PAPER_GUIDANCE_GAIN, PAPER_STEER_GAIN
 
-__all__ = ['guided_pairs', 'guided_table', 'learning_curves', 'matched_table', 'stage_commands', 'steered_table',
-           'teacher_sha256', 'teacher_target_times', 'training_budget', 'weight_facts', 'weights_table']
+__all__ = ['guided_pairs', 'guided_table', 'guiding_teacher', 'learning_curves', 'matched_table', 'stage_commands',
+           'steered_table', 'teacher_target_times', 'training_budget', 'weight_facts', 'weights_table']
 
 def weight_facts(repo_dir: Path) -> Dict[str, str]:
     """Params (M), GMACs, input size and the top-1 on the sample and the full test set of a published weight, as
@@ -193,9 +193,11 @@ def guided_pairs(root: Path) -> Iterator[Tuple[str, str, Path, Path]]:
                 yield arch, args.teacher, scratch, guided
 
 
-def _guiding_teacher(repo_dir: Path) -> Dict[str, Any]:
-    """The teacher of a weight's last guided stage: the stage that guided the trajectory (earlier stages of a
-    continued weight may name other teachers, e.g. a CNN's logit KD); empty for a weight no teacher guided."""
+def guiding_teacher(repo_dir: Path) -> Dict[str, Any]:
+    """The teacher of a weight's last guided stage (the stage that guided the trajectory; earlier stages of a
+    continued weight may name other teachers, e.g. a CNN's logit KD), as its record names it: ``model``, ``weights``
+    (the file the run loaded), ``repo`` and ``revision`` for a published teacher else ``sha256``, ``distill``,
+    ``times``; empty for a weight no teacher guided."""
     teachers = [stage['teacher'] for stage in read_record(repo_dir)['stages'] if stage.get('teacher')]
     return teachers[-1] if teachers else {}
 
@@ -203,18 +205,12 @@ def _guiding_teacher(repo_dir: Path) -> Dict[str, Any]:
 def teacher_target_times(repo_dir: Path) -> List[float]:
     """The student times of a guided weight's targets in its guided (last guided) stage, rounded as its card writes
     them."""
-    times = _guiding_teacher(repo_dir).get('times')
+    times = guiding_teacher(repo_dir).get('times')
     if not times:
         raise ValueError(f'{Path(repo_dir) / RECORD_FILE} states no student times of its targets: '
                          '--kind guided and trajectory read guided weights only (a --teacher run); re-export this '
                          f'one from its guided run with `{EXPORT_FIX}`.')
     return list(times)
-
-
-def teacher_sha256(repo_dir: Path) -> Optional[str]:
-    """The sha256 of the teacher weights that guided a weight's trajectory (its last guided stage), as its record
-    states it (None where that stage names no hash: runs that recorded none)."""
-    return _guiding_teacher(repo_dir).get('sha256')
 
 
 def guided_table(root: Path) -> str:

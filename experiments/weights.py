@@ -45,9 +45,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     tr.add_argument('--test-samples', type=int, default=256, help='first n Fashion-MNIST test images')
     tr.add_argument('--data-dir', default=None, help="Fashion-MNIST IDX files (default: Debian's package)")
     tr.add_argument('--teacher-root', default=None,
-                    help="folder where the teacher path a guided card names is found (default: the working "
-                         "directory, or git history for the version of the card's sha256 when that file was "
-                         "replaced since)")
+                    help="folder where the teacher path a guided record names is found (default: a published "
+                         "teacher at the record's revision from the checkout's git history, an unpublished one in "
+                         "the working directory)")
 
     a = p.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format='%(message)s')

@@ -73,13 +73,28 @@ def check_guidance(ns: argparse.Namespace) -> None:
     parse_args(guided, files=False)
 
 
+def _published_hub_name(name: str) -> bool:
+    """``hf-hub:<org>/<repo>[@<revision>]`` naming a folder of weights/ (and, with a revision, one of its commits
+    that this clone holds; a shallow clone passes)."""
+    from timm_odevit_tools.hub import ORG
+    from timm_odevit_tools.hub.revisions import RevisionError, files_at
+    repo, _, revision = name.partition('@')
+    if not repo.startswith(f'hf-hub:{ORG}/') or not (REPO_ROOT / 'weights' / repo.split('/', 1)[1]).is_dir():
+        return False
+    shallow = subprocess.run(['git', 'rev-parse', '--is-shallow-repository'], capture_output=True, text=True)
+    try:
+        return not revision or bool(files_at(REPO_ROOT / 'weights', repo.split('/', 1)[1], revision))
+    except RevisionError:
+        return shallow.stdout.strip() == 'true'
+
+
 def check_timm_script(script: str, args: List[str]) -> None:
     """timm's train.py / validate.py take hundreds of options; what can be wrong on our side is checked: the
     model name, the config file, the modules to import."""
     import timm
     import timm_odevit  # noqa: F401
     for flag, value in zip(args, args[1:]):
-        if flag == '--model' and not timm.is_model(value):
+        if flag == '--model' and not (timm.is_model(value) or _published_hub_name(value)):
             fail(f'{script} --model {value}: not a registered model')
         if flag in ('-c', '--config'):
             import yaml

@@ -340,10 +340,11 @@ def test_resume_continues_from_saved_epoch(image_folder, tmp_path):
 
 
 def test_run_records_its_teachers_weights_by_hash_and_the_card_names_it(image_folder, tmp_path):
-    """A guided run's record keeps the sha256 of its --teacher-checkpoint, and the card's teacher line names it: the
-    path may hold other weights by the time anyone re-measures the student against its teacher."""
+    """A guided run's record keeps the sha256 of its --teacher-checkpoint; the export names a teacher that is no
+    published revision by that hash on the card's teacher line, and refuses a teacher file changed since the run."""
     import hashlib
     from timm_odevit_tools.hub.card import guidance_line
+    from timm_odevit_tools.hub.revisions import weights_source
     teacher = tmp_path / 'teacher.pth'
     model = timm.create_model('vit_tiny_patch16_224', img_size=32, patch_size=4, depth=3, num_classes=3)
     torch.save(model.state_dict(), teacher)
@@ -351,8 +352,14 @@ def test_run_records_its_teachers_weights_by_hash_and_the_card_names_it(image_fo
                                  '--teacher-checkpoint', str(teacher)))
     sha = hashlib.sha256(teacher.read_bytes()).hexdigest()
     assert results['teacher_checkpoint_sha256'] == sha == results['guidance']['teacher_checkpoint_sha256']
-    line = guidance_line({'teacher': 'vit_tiny_patch16_224', 'teacher_checkpoint': str(teacher)}, results['guidance'])
+    source = weights_source(str(teacher), results['teacher_checkpoint_sha256'])
+    assert source == {'weights': str(teacher), 'sha256': sha}
+    line = guidance_line({'teacher': 'vit_tiny_patch16_224', 'teacher_checkpoint': str(teacher)}, results['guidance'],
+                         source)
     assert line.startswith(f'teacher `vit_tiny_patch16_224` (weights `{teacher}`, sha256 {sha}); ')
+    torch.save({k: v + 1 for k, v in model.state_dict().items()}, teacher)
+    with pytest.raises(ValueError, match='changed after the run loaded it'):
+        weights_source(str(teacher), results['teacher_checkpoint_sha256'])
 
 
 def test_compile_wraps_the_student_and_keeps_eval_and_checkpoint_plain(batch):

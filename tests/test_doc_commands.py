@@ -116,6 +116,7 @@ def test_pages_have_commands_of_both_kinds():
      'timm knows no such'),
     ('python -m experiments.study guidance --teacher dense_vit_tiny --train-options "--epochs 3"', 'sets'),
     ('python -m timm_odevit.run validate.py --model no_such_model --pretrained', 'not a registered model'),
+    ('python validate.py --model hf-hub:timm-odevit/no_such_model.fmnist --pretrained', 'not a registered model'),
     ('python train.py -c examples/no_such.yaml', 'no such file'),
     ('pip install torch .', 'not what .ci/run installs'),
 ])

@@ -69,9 +69,13 @@ def _trajectory() -> str:
     return trajectory_table(read_trajectory(REPO_ROOT / 'results' / 'weights' / 'trajectory.csv'))
 
 
-def _committed(rel: str) -> Callable[[], str]:
-    # a table a command wrote from artefacts that are not committed (checkpoints): the page must equal the file
-    return lambda: (REPO_ROOT / rel).read_text()
+def _guidance_report(folder: str) -> Callable[[], str]:
+    # rendered from the folder's committed data (study.json, each run's results.json and full_test.json, the
+    # trajectory in guidance.csv); the command also measures that trajectory, from checkpoints not committed
+    def gen() -> str:
+        from experiments.study.guidance import guidance_report
+        return guidance_report(REPO_ROOT / 'results' / folder)
+    return gen
 
 
 def _zoo(table: str) -> Callable[[], str]:
@@ -113,17 +117,17 @@ GENERATORS: Dict[str, Callable[[], str]] = {
     'python -m experiments.weights trajectory --root weights (writes results/weights/trajectory.md)':
         _trajectory,
     'python -m experiments.study guidance-report (writes results/guidance/guidance.md)':
-        _committed('results/guidance/guidance.md'),
+        _guidance_report('guidance'),
     'python -m experiments.study guidance-report --out-dir results/guidance_noinit '
-    '(writes results/guidance_noinit/guidance.md)': _committed('results/guidance_noinit/guidance.md'),
+    '(writes results/guidance_noinit/guidance.md)': _guidance_report('guidance_noinit'),
     'python -m experiments.study guidance-report --out-dir results/guidance_full --full-test '
-    '(writes results/guidance_full/guidance.md)': _committed('results/guidance_full/guidance.md'),
+    '(writes results/guidance_full/guidance.md)': _guidance_report('guidance_full'),
     f'python -m experiments.study guidance-variants --out-dirs {" ".join(GUIDANCE_VARIANTS)}':
         _guidance_variants(GUIDANCE_VARIANTS),
     f'python -m experiments.study guidance-variants --out-dirs {" ".join(STATE_NORM_VARIANTS)}':
         _guidance_variants(STATE_NORM_VARIANTS),
     'python -m experiments.study guidance-report --out-dir results/guidance_t90_gram '
-    '(writes results/guidance_t90_gram/guidance.md)': _committed('results/guidance_t90_gram/guidance.md'),
+    '(writes results/guidance_t90_gram/guidance.md)': _guidance_report('guidance_t90_gram'),
 }
 
 

@@ -739,24 +739,25 @@ def test_export_of_a_next_stage_states_every_stage(tmp_path):
         assert one['schedule'].startswith('2 epochs, batch 64, adamw lr 0.001 ')
         assert two['schedule'].startswith('3 epochs, batch 64, adamw lr 0.0005 ')
         assert f'--initial-checkpoint {published}' in two['command'] and '--initial-checkpoint' not in one['command']
-        assert two['initialised from'] == (f'`{published}` (sha256 {sha}), the published `{arch}.fmnist` weights, '
-                                           'which this export replaces (git history keeps them)')
+        # outside a git checkout no revision holds them: named by hash, said to be uncommitted
+        assert two['initialised from'] == (f'`{published}`, sha256 {sha}, the published `{arch}.fmnist` weights '
+                                           '(uncommitted: no revision holds them), which this export replaces')
         assert 'trained from scratch in 2 stages' in card
         assert training_budget(root / f'{arch}.fmnist') == '300k (5 epochs of 60,000)'
         assert read_record(root / f'{arch}.fmnist')['stages'][1]['initialised_from'] == {
-            'weights': str(published), 'sha256': sha, 'published': f'{arch}.fmnist'}
+            'weights': str(published), 'sha256': sha}
         set_top1(root / f'{arch}.fmnist', 50.0)  # the table compares full-test top-1 (exported with --no-full)
     rows = matched_table(root).splitlines()[2:]
     assert len(rows) == 1 and rows[0].startswith('| looped | `looped_ssog_tiny_patch4_32.fmnist` |'), rows
 
     # the path now holds the second stage's weights, not those the run started from
-    with pytest.raises(ValueError, match=f'{published} changed after the run started from it'):
+    with pytest.raises(ValueError, match=f'{published} changed after the run loaded it'):
         export(second, 'again')
     gone = tmp_path / 'gone.safetensors'
     shutil.copy(published, gone)
     ckpt = _run_checkpoint(tmp_path / 'gone', ['--model', arch, '--initial-checkpoint', str(gone)])
     gone.unlink()
-    with pytest.raises(FileNotFoundError, match='the run started from these weights'):
+    with pytest.raises(FileNotFoundError, match='the run loaded these weights'):
         export(ckpt, 'again')
     assert not (root / f'{arch}.again').exists()
 
@@ -767,7 +768,7 @@ def test_export_of_a_next_stage_states_every_stage(tmp_path):
     one, two = run_stages(args, {}, cfg, root / f'{arch}.from_run')
     assert one['lines']['schedule'].startswith('2 epochs') and two['lines']['schedule'].startswith('4 epochs')
     assert two['lines']['initialised from'].endswith(', the last checkpoint of stage 1')
-    assert (one['epochs'], two['epochs'], two['initialised_from']['published']) == (2, 4, None)
+    assert (one['epochs'], two['epochs'], two['initialised_from'].get('repo')) == (2, 4, None)
 
     # from weights nobody recorded a recipe for: one stage, said to start from other weights
     foreign = tmp_path / 'foreign.safetensors'
@@ -981,70 +982,141 @@ def _full_history() -> bool:
     return shallow.returncode == 0 and shallow.stdout.strip() == 'false'
 
 
-@pytest.mark.skipif(shutil.which('git') is None, reason='needs git')
-def test_version_from_history_finds_a_replaced_file_by_its_hash(tmp_path, monkeypatch):
-    """A file replaced since is found in git history by its sha256 (the newest matching version); a hash no
-    version has, a path git never tracked and a folder outside any checkout give None."""
-    from timm_odevit_tools.hub.verify import version_from_history
-    repo = tmp_path / 'repo'
-    (repo / 'weights').mkdir(parents=True)
-    _git(repo, 'init', '-q')
+def _checkout(path: Path) -> Path:
+    path.mkdir(parents=True)
+    _git(path, 'init', '-q')
     for key, value in (('user.name', 'test'), ('user.email', 'test@example.com'), ('commit.gpgsign', 'false')):
-        _git(repo, 'config', key, value)
-    path, shas = 'weights/model.safetensors', []
-    for version in (b'first', b'second', b'third'):
-        (repo / path).write_bytes(version)
-        shas.append(sha256_file(repo / path))
-        _git(repo, 'add', path)
-        _git(repo, 'commit', '-q', '-m', version.decode())
-    assert version_from_history(path, shas[0], repo) == b'first'
-    assert version_from_history(path, shas[1], repo) == b'second'
-    assert version_from_history(path, hashlib.sha256(b'never').hexdigest(), repo) is None
-    assert version_from_history('weights/untracked.bin', shas[0], repo) is None
-    (tmp_path / 'plain').mkdir()
-    monkeypatch.setenv('GIT_CEILING_DIRECTORIES', str(tmp_path))
-    assert version_from_history(path, shas[0], tmp_path / 'plain') is None
+        _git(path, 'config', key, value)
+    return path
+
+
+def _commit(checkout: Path, message: str) -> str:
+    _git(checkout, 'add', '-A')
+    _git(checkout, 'commit', '-q', '-m', message)
+    return _git(checkout, 'rev-parse', 'HEAD').stdout.strip()
+
+
+@pytest.mark.skipif(shutil.which('git') is None, reason='needs git')
+def test_a_weight_trained_again_leaves_the_version_before_loadable_at_its_revision(tmp_path):
+    """Published weights are immutable: each commit of a folder is a revision. Exporting over weights no commit
+    keeps is refused; a committed version stays loadable at its revision (the mirror serves it from history, checked
+    against that commit's manifest, and timm loads it as hf-hub:<org>/<repo>@<revision>); a run's start weights and
+    teacher are named by repo and revision; unknown, predating and inconsistent revisions are refused, naming why."""
+    from timm_odevit_tools.hub.export import export, export_checkpoint, run_stages
+    from timm_odevit_tools.hub.revisions import (RevisionError, check_replaceable, files_at, published_revision,
+                                                 revision_log, weights_source)
+    from timm_odevit.models.pretrained import fmnist_input
+    from timm_odevit_tools.train import checkpoint_args, read_checkpoint
+    from safetensors.torch import load as load_bytes
+    checkout = _checkout(tmp_path / 'checkout')
+    (checkout / 'notes.txt').write_text('before any weight\n')
+    before = _commit(checkout, 'no weights yet')
+    root = checkout / 'weights'
+    model = timm.create_model(ARCH, num_classes=10, in_chans=1)
+    folder = export(model, ARCH, 'fmnist', str(root))
+    name, weights = folder.name, folder / 'model.safetensors'
+    first_bytes = weights.read_bytes()
+    with pytest.raises(ValueError, match='no commit keeps'):  # never committed: an export over it would lose it
+        check_replaceable(folder)
+    assert published_revision(folder) is None and weights_source(str(weights))['sha256']
+    first = _commit(checkout, 'first version')
+    assert published_revision(folder) == first and [e['commit'] for e in revision_log(folder)] == [first]
+    check_replaceable(folder)
+    assert weights_source(str(weights)) == {'weights': str(weights), 'repo': name, 'revision': first}
+
+    # a run continued from the published weights and guided by them: both named by repo and revision
+    ckpt = _run_checkpoint(tmp_path / 'run', ['--model', ARCH, '--epochs', '1', '--initial-checkpoint', str(weights),
+                                              '--teacher', ARCH, '--teacher-checkpoint', str(weights)],
+                           {'initial_checkpoint_sha256': sha256_file(weights)})
+    (stage,) = run_stages(checkpoint_args(read_checkpoint(str(ckpt))), {}, fmnist_input(), folder)[-1:]
+    assert stage['initialised_from'] == {'weights': str(weights), 'repo': name, 'revision': first}
+    assert stage['teacher']['repo'] == name and stage['teacher']['revision'] == first
+    assert f'`hf-hub:{ORG}/{name}@{first}`, which this export replaces (still loadable at that revision)' in \
+        stage['lines']['initialised from']
+    assert f'at revision {first}' in stage['lines']['teacher guidance']
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.5)
+    export(model, ARCH, 'fmnist', str(root))
+    with pytest.raises(ValueError, match='no commit keeps'):  # the export's own refusal, before measuring
+        export_checkpoint(str(ckpt), 'fmnist', str(root), full_test=False)
+    second = _commit(checkout, 'trained again')
+    assert published_revision(folder) == second and [e['commit'] for e in revision_log(folder)] == [second, first]
+    assert files_at(root, name, first)['model.safetensors'] == first_bytes
+    assert files_at(root, name, second[:12])['model.safetensors'] == weights.read_bytes() != first_bytes
+    with pytest.raises(RevisionError, match='not in the git history'):
+        files_at(root, name, 'f' * 40)
+    with pytest.raises(RevisionError, match='not a revision name'):
+        files_at(root, name, '--output=x')
+    with pytest.raises(RevisionError, match='has no files at revision'):
+        files_at(root, name, before)
+    weights.write_bytes(first_bytes)  # committed without rewriting the manifest: that revision is inconsistent
+    broken = _commit(checkout, 'weights without their manifest')
+    with pytest.raises(RevisionError, match='does not hash to its MANIFEST.json entry'):
+        files_at(root, name, broken)
+    _git(checkout, 'revert', '--no-edit', 'HEAD')
+
+    with HubMirror(str(root)) as mirror:
+        status, head, _ = _request(f'{mirror.url}/{ORG}/{name}/resolve/main/config.json', 'HEAD')
+        assert status == 200 and head['X-Repo-Commit'] == published_revision(folder)
+        status, head, body = _request(f'{mirror.url}/{ORG}/{name}/resolve/{first}/model.safetensors')
+        assert (status, head['X-Repo-Commit'], body) == (200, first, first_bytes)
+        status, head, _ = _request(f'{mirror.url}/{ORG}/{name}/resolve/{broken}/model.safetensors', 'HEAD')
+        assert (status, head['X-Error-Code']) == (404, 'RevisionNotFound')
+        out = tmp_path / 'old.pt'
+        done = run_client(mirror.url, tmp_path / 'hf', f'hf-hub:{ORG}/{name}@{first}', out)
+        assert done.returncode == 0, done.stderr[-2000:]
+    got = torch.load(out)
+    old = timm.create_model(ARCH, num_classes=10, in_chans=1)
+    old.load_state_dict(load_bytes(first_bytes))
+    with torch.no_grad():
+        assert torch.allclose(old.eval()(got['x']), got['y'], atol=1e-5)
 
 
 def test_the_guiding_teacher_is_the_last_guided_stages(tmp_path):
     """A continued weight's record can name a teacher per stage (a CNN's logit KD, then the trajectory's teacher):
-    the hash and target times that the trajectory is measured with are those of the last guided stage."""
-    from experiments.tables import teacher_sha256, teacher_target_times
-    first, last = 'a' * 64, 'b' * 64
-    cnn = {'model': 'resnet18', 'weights': 't/cnn.pth.tar', 'sha256': first, 'distill': 'logit', 'times': None}
-    vit = {'model': 'vit', 'weights': 't/vit.safetensors', 'sha256': last, 'distill': 'trajectory', 'times': [1.5, 3]}
+    the teacher and target times that the trajectory is measured with are those of the last guided stage."""
+    from experiments.tables import guiding_teacher, teacher_target_times
+    cnn = {'model': 'resnet18', 'weights': 't/cnn.pth.tar', 'sha256': 'a' * 64, 'distill': 'logit', 'times': None}
+    vit = {'model': 'vit', 'weights': 'weights/vit.fmnist/model.safetensors', 'repo': 'vit.fmnist',
+           'revision': 'b' * 40, 'distill': 'trajectory', 'times': [1.5, 3]}
 
     def record(*teachers):
         (tmp_path / RECORD_FILE).write_text(json.dumps({'format': 1, 'stages': [{'teacher': t} for t in teachers]}))
     record(cnn, vit)
-    assert teacher_sha256(tmp_path) == last and teacher_target_times(tmp_path) == [1.5, 3.0]
-    record(None, dict(vit, sha256=first, times=[2.0]), None)
-    assert teacher_sha256(tmp_path) == first and teacher_target_times(tmp_path) == [2.0]
-    record(dict(vit, sha256=None, times=None))
-    assert teacher_sha256(tmp_path) is None
+    assert guiding_teacher(tmp_path) == vit and teacher_target_times(tmp_path) == [1.5, 3.0]
+    record(None, dict(vit, revision='c' * 40, times=[2.0]), None)
+    assert guiding_teacher(tmp_path)['revision'] == 'c' * 40 and teacher_target_times(tmp_path) == [2.0]
+    record(None)
+    assert guiding_teacher(tmp_path) == {}
+    record(dict(vit, times=None))
     with pytest.raises(ValueError, match='states no student times'):
         teacher_target_times(tmp_path)
 
 
 def test_trajectory_of_the_published_students(tmp_path, monkeypatch):
     """hub trajectory reads each guided pair from the published files alone (the record's commands, target times and
-    teacher): the guided student relates the images as its teacher does, its scratch twin does not;
-    a teacher path holding other weights than the card's hash, a missing teacher, a card without times and a folder
-    without a pair are each refused, naming what is wrong."""
+    teacher): the guided student relates the images as its teacher, loaded at the revision its record names, does,
+    its scratch twin does not; other weights laid out under --teacher-root are what it then measures against; a
+    revision the checkout lacks, a missing teacher, a record without times and a folder without a pair are each
+    refused, naming what is wrong."""
     from safetensors.torch import save_file
-    from experiments.tables import teacher_sha256, teacher_target_times
+    from experiments.tables import guiding_teacher, teacher_target_times
     from experiments.study.guidance import write_weights_trajectory
-    monkeypatch.chdir(REPO_ROOT)  # the guided card names its teacher's weights relative to the repository
+    from timm_odevit_tools.hub.revisions import RevisionError, resolve_revision
+    monkeypatch.chdir(REPO_ROOT)  # the guided record names its teacher's weights relative to the repository
     names = ('odevit_tiny_patch4_32.fmnist', 'odevit_tiny_patch4_32.fmnist_distilled')
     for name in names:
         shutil.copytree(REPO_ROOT / 'weights' / name, tmp_path / 'weights' / name)
     card = tmp_path / 'weights' / names[1] / 'README.md'
-    teacher = 'weights/ssog_vit_tiny_patch4_32.fmnist/model.safetensors'
-    sha = teacher_sha256(card.parent)
-    if sha256_file(REPO_ROOT / teacher) != sha and not _full_history():
-        pytest.skip(f'{teacher} holds a later version than sha256 {sha}, and this checkout has no full git history '
-                    'to find the earlier one in (a clone without --depth has it)')
-    # by default the teacher that guided the student: from git history where weights/ holds a later version of it
+    teacher = guiding_teacher(card.parent)
+    assert teacher['repo'] == 'ssog_vit_tiny_patch4_32.fmnist' and 'sha256' not in teacher
+    try:
+        resolve_revision(WEIGHTS, teacher['revision'])
+    except RevisionError:
+        pytest.skip(f'this checkout lacks revision {teacher["revision"]} of the teacher (a shallow clone; a clone '
+                    'without --depth has it)')
+    # by default the teacher that guided the student: its revision, from git history
     table = write_weights_trajectory(tmp_path / 'weights', tmp_path / 'out', test_samples=8,
                                      data_dir=str(fm.SAMPLE_DIR))
     times = teacher_target_times(tmp_path / 'weights' / names[1])
@@ -1058,18 +1130,23 @@ def test_trajectory_of_the_published_students(tmp_path, monkeypatch):
     assert sum(gaps['guided', 'gram']) < 0.5 * sum(gaps['scratch', 'gram']), gaps
     assert min(gaps['scratch', 'cosine']) > 0.5, gaps  # and the scratch twin's states are far from the teacher's
     assert f'`{names[1]}`' in table and 'first 8 Fashion-MNIST' in table
-    # the same path holding other weights (a teacher re-trained in place) is refused
+    # other weights laid out under --teacher-root are what the students are then measured against
     other = tmp_path / 'teacher_root'
-    (other / teacher).parent.mkdir(parents=True)
-    save_file(timm.create_model('ssog_vit_tiny_patch4_32', in_chans=1).state_dict(), other / teacher)
-    refused = f'{teacher} with sha256 {sha}, and {re.escape(str(other / teacher))} holds other weights'
-    with pytest.raises(ValueError, match=refused):
-        write_weights_trajectory(tmp_path / 'weights', tmp_path / 'out', test_samples=8, data_dir=str(fm.SAMPLE_DIR),
-                                 teacher_root=other)
-    with pytest.raises(FileNotFoundError, match='pass it as --teacher-root'):
+    (other / teacher['weights']).parent.mkdir(parents=True)
+    save_file(timm.create_model('ssog_vit_tiny_patch4_32', in_chans=1, num_classes=10).state_dict(),
+              other / teacher['weights'])
+    write_weights_trajectory(tmp_path / 'weights', tmp_path / 'other', test_samples=8, data_dir=str(fm.SAMPLE_DIR),
+                             teacher_root=other)
+    rows = (tmp_path / 'other' / 'trajectory.csv').read_text().splitlines()[1:]
+    random_gram = sum(float(r.split(',')[-1]) for r in rows if ',guided,' in r and ',gram,' in r)
+    assert random_gram > 2 * sum(gaps['guided', 'gram']), (random_gram, gaps)
+    with pytest.raises(FileNotFoundError, match='pass that as --teacher-root'):
         write_weights_trajectory(tmp_path / 'weights', tmp_path / 'out', test_samples=8, data_dir=str(fm.SAMPLE_DIR),
                                  teacher_root=tmp_path)
-    edit_record(card.parent, lambda record: record['stages'][-1]['teacher'].update(times=None))
+    edit_record(card.parent, lambda record: record['stages'][-1]['teacher'].update(revision='f' * 40))
+    with pytest.raises(RevisionError, match=f'Revision {"f" * 40} is not in'):
+        write_weights_trajectory(tmp_path / 'weights', tmp_path / 'out', test_samples=8, data_dir=str(fm.SAMPLE_DIR))
+    edit_record(card.parent, lambda record: record['stages'][-1]['teacher'].update(dict(teacher, times=None)))
     with pytest.raises(ValueError, match='states no student times'):
         write_weights_trajectory(tmp_path / 'weights', tmp_path / 'out', test_samples=8, data_dir=str(fm.SAMPLE_DIR))
     shutil.rmtree(tmp_path / 'weights' / names[0])

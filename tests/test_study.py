@@ -20,8 +20,8 @@ from timm_odevit.models.pretrained import FMNIST_CFG
 from experiments.study import STUDY_PAIRS, StudyRecipe, run_study, study_runs
 from experiments.study.elasticity import write_elasticity
 from experiments.study.export import best_runs, export_run
-from experiments.study.guidance import (check_teacher, guidance_runs, guidance_setup, guidance_variants,
-                                       write_guidance_report)
+from experiments.study.guidance import (check_teacher, guidance_report, guidance_runs, guidance_setup,
+                                       guidance_variants, write_guidance_report)
 from experiments.study.recipes import write_recipes
 from timm_odevit_tools.train import read_checkpoint
 from experiments.study.report import write_report
@@ -211,18 +211,22 @@ def test_guidance_report_pairs_seeds_and_reads_the_trajectory(guidance, idx_fold
     assert f'{sum(gains) / 2:.2f} ± ' in table and '> +10' in table and '`--state-norm layernorm`' in table
     assert 'training min per run, scratch / guided' in table
     rows = list(csv.reader(open(root / 'guidance.csv')))
-    assert rows[0][:3] == ['arm', 'seed', 'top1'] and len(rows[0]) == 5 and len(rows) == 5
-    gaps = [float(v) for r in rows[1:] for v in r[3:]]
+    assert rows[0][:4] == ['arm', 'seed', 'top1', 'images'] and len(rows[0]) == 6 and len(rows) == 5
+    assert {r[3] for r in rows[1:]} == {'32'} and 'on the first 32 test images' in table
+    gaps = [float(v) for r in rows[1:] for v in r[4:]]
     assert all(0 < g <= 2 for g in gaps)
     # the arms differ in their trajectories, and guided runs train a different student than scratch ones
-    assert [r[3:] for r in rows[1:3]] != [r[3:] for r in rows[3:5]]
+    assert [r[4:] for r in rows[1:3]] != [r[4:] for r in rows[3:5]]
+    # the page is rendered from the data the folder holds: without the checkpoints, the same page
+    assert guidance_report(root) == table == (root / 'guidance.md').read_text()
     with pytest.raises(ValueError, match='another --out-dir'):
         next(run_study(root, guidance_runs(setup, (0,)), TINY, setup=dict(setup, guide='--state-norm cosine')))
 
 
 def test_guidance_report_keeps_the_committed_trajectory_of_runs_without_checkpoints(guidance, idx_folder, tmp_path):
-    """Checkpoints are not committed: regenerated elsewhere, the report keeps the trajectory an earlier report wrote
-    for a run whose checkpoint is gone, and names a run it has no trajectory for instead of failing."""
+    """Checkpoints are not committed: measured again elsewhere, the report keeps the trajectory an earlier report
+    wrote for a run whose checkpoint is gone, names a run it has no trajectory for instead of failing, and renders
+    from the committed data alone (guidance_report) what the measuring report wrote."""
     root = tmp_path / 'guidance'
     shutil.copytree(guidance[0], root)
     # the fixture's teacher is random, built anew by each report: the same seed gives the same one
@@ -232,24 +236,27 @@ def test_guidance_report_keeps_the_committed_trajectory_of_runs_without_checkpoi
     (root / 'runs' / 'odevit_tiny_patch4_32-scratch-seed1' / 'last.pth.tar').unlink()
     torch.manual_seed(0)
     table = write_guidance_report(root, test_samples=32, data_dir=str(idx_folder))
-    assert list(csv.reader(open(root / 'guidance.csv'))) == before
-    assert 'scratch seed 1 from the committed guidance.csv' in table
+    assert list(csv.reader(open(root / 'guidance.csv'))) == before and guidance_report(root) == table
     (root / 'guidance.csv').unlink()
     torch.manual_seed(0)
     table = write_guidance_report(root, test_samples=32, data_dir=str(idx_folder))
-    rows = {(r[0], r[1]): r[3:] for r in csv.reader(open(root / 'guidance.csv'))}
-    kept = next(r[3:] for r in before if r[:2] == ['scratch', '0'])
+    rows = {(r[0], r[1]): r[4:] for r in csv.reader(open(root / 'guidance.csv'))}
+    kept = next(r[4:] for r in before if r[:2] == ['scratch', '0'])
     assert rows['scratch', '1'] == [] and rows['scratch', '0'] == kept
-    assert 'without scratch seed 1' in table
+    assert 'without scratch seed 1 (no trajectory measured)' in table and guidance_report(root) == table
     kept_rows = list(csv.reader(open(root / 'guidance.csv')))
     for path in (root / 'runs').glob('*/last.pth.tar'):
         path.unlink()
     table = write_guidance_report(root, test_samples=32, data_dir=str(idx_folder))
-    assert list(csv.reader(open(root / 'guidance.csv'))) == kept_rows
-    assert 'scratch seed 0, guided seed 0, guided seed 1 from the committed guidance.csv' in table
+    assert list(csv.reader(open(root / 'guidance.csv'))) == kept_rows and guidance_report(root) == table
     (root / 'guidance.csv').unlink()
     with pytest.raises(FileNotFoundError, match='no guided checkpoint'):
         write_guidance_report(root, test_samples=32, data_dir=str(idx_folder))
+    with pytest.raises(FileNotFoundError, match='guidance.csv is missing'):
+        guidance_report(root)
+    (root / 'guidance.csv').write_text('arm,seed,top1,gap_t1.0\r\nscratch,0,50.0,0.5\r\n')
+    with pytest.raises(ValueError, match='does not start with the columns arm, seed, top1, images'):
+        guidance_report(root)
 
 
 def test_guidance_report_full_test_per_seed_on_grid_and_registered_solver(guidance, idx_folder, tmp_path):

@@ -27,7 +27,7 @@ from ..paper import PAPER_GUIDANCE_GAIN
 from .report import mean_sd
 from .runs import RUN_OPTIONS, Run, StudyRecipe
 
-__all__ = ['ARMS', 'check_teacher', 'guidance_setup', 'guidance_runs', 'guidance_variants',
+__all__ = ['ARMS', 'check_teacher', 'guidance_report', 'guidance_setup', 'guidance_runs', 'guidance_variants',
            'read_trajectory', 'record_full_test', 'teacher_checkpoint', 'trajectory_table', 'write_guidance_report',
            'write_weights_trajectory']
 
@@ -190,15 +190,21 @@ def _images_as_trained(args: argparse.Namespace, student: torch.nn.Module, data_
 
 
 def _committed_trajectory(root: Path) -> Dict[str, Any]:
-    """The trajectory an earlier report committed (``guidance.csv``): times and gaps per (arm, seed), or empty."""
+    """The trajectory ``guidance.csv`` holds: the target times, and per (arm, seed) the gaps and the number of test
+    images they were measured on; empty without the file. Columns: arm, seed, top1, images, gap_t<time>..."""
     path = root / 'guidance.csv'
     if not path.is_file():
         return {}
     with open(path, newline='') as f:
         rows = list(csv.reader(f))
+    if rows[0][:4] != ['arm', 'seed', 'top1', 'images']:
+        raise ValueError(f'{path} does not start with the columns arm, seed, top1, images: measure it again with '
+                         f'`python -m experiments.study guidance-report --out-dir {root}` where the checkpoints are.')
     # written rounded to 3 decimals, as the report rounds the times it reads from a checkpoint
-    times = [float(c[len('gap_t'):]) for c in rows[0][3:]]
-    return {'times': times, 'gaps': {(r[0], int(r[1])): [float(v) for v in r[3:]] for r in rows[1:] if r[3:]}}
+    times = [float(c[len('gap_t'):]) for c in rows[0][4:]]
+    measured = [r for r in rows[1:] if r[4:]]
+    return {'times': times, 'gaps': {(r[0], int(r[1])): [float(v) for v in r[4:]] for r in measured},
+            'images': {(r[0], int(r[1])): int(r[3]) for r in measured}}
 
 
 def _trajectory(root: Path, runs: Dict[str, Dict[int, Path]], data_dir: Optional[str],
@@ -208,8 +214,8 @@ def _trajectory(root: Path, runs: Dict[str, Dict[int, Path]], data_dir: Optional
     test images preprocessed as the training command does.
 
     Checkpoints are not committed: a run whose checkpoint is gone keeps the gaps an earlier report wrote to
-    ``guidance.csv`` (same times; measured on the first ``test_samples`` images when the reports agree on it), and a
-    run with neither is left out of the trajectory and named in ``missing``."""
+    ``guidance.csv`` (same times, with the number of images they were measured on), and a run with neither is left
+    out of the trajectory (the report names it). Returns ``times``, and per arm and seed ``gaps`` and ``images``."""
     from timm.models import load_state_dict
     from timm_odevit_tools.train import read_checkpoint
     from timm_odevit_tools.train.command import build_task
@@ -217,7 +223,7 @@ def _trajectory(root: Path, runs: Dict[str, Dict[int, Path]], data_dir: Optional
     with_ckpt = {arm: {seed: p for seed, p in by_seed.items() if (p / 'last.pth.tar').is_file()}
                  for arm, by_seed in runs.items()}
     gaps: Dict[str, Dict[int, List[float]]] = {arm: {} for arm in runs}
-    reused, missing = [], []
+    counts: Dict[str, Dict[int, int]] = {arm: {} for arm in runs}
     if with_ckpt['guided']:
         ckpt = read_checkpoint(str(next(iter(with_ckpt['guided'].values())) / 'last.pth.tar'))
         args = ckpt['args']
@@ -235,9 +241,9 @@ def _trajectory(root: Path, runs: Dict[str, Dict[int, Path]], data_dir: Optional
                 with torch.serialization.safe_globals([argparse.Namespace]):
                     student.load_state_dict(load_state_dict(str(path / 'last.pth.tar'), use_ema=False))
                 gaps[arm][seed] = task.state_gaps(images, TRAJECTORY_NORM).tolist()
-        num_images = len(images)
+                counts[arm][seed] = len(images)
     elif committed:
-        times, num_images = committed['times'], test_samples
+        times = committed['times']
     else:
         raise FileNotFoundError(f'{root / "runs"} has no guided checkpoint (last.pth.tar) and {root / "guidance.csv"} '
                                 'no committed trajectory: train a guided run again (move its folder out of runs/ and '
@@ -248,25 +254,14 @@ def _trajectory(root: Path, runs: Dict[str, Dict[int, Path]], data_dir: Optional
         for seed in sorted(set(by_seed) - set(with_ckpt[arm])):
             if same_times and (arm, seed) in committed['gaps']:
                 gaps[arm][seed] = committed['gaps'][arm, seed]
-                reused.append(f'{arm} seed {seed}')
-            else:
-                missing.append(f'{arm} seed {seed}')
+                counts[arm][seed] = committed['images'][arm, seed]
     for arm in runs:
         if not gaps[arm]:
             raise FileNotFoundError(f'No {arm} run under {root / "runs"} has a checkpoint or a committed trajectory '
                                     'in guidance.csv: move one of its run folders out of runs/ and run the same '
                                     '`python -m experiments.study guidance` command again (it retrains the missing '
                                     'runs).')
-    return {'times': times, 'gaps': gaps, 'images': num_images, 'reused': reused, 'missing': missing}
-
-
-def _trajectory_sources(traj: Dict[str, Any]) -> str:
-    notes = []
-    if traj['reused']:
-        notes.append(f'{", ".join(traj["reused"])} from the committed guidance.csv (checkpoint not on this machine)')
-    if traj['missing']:
-        notes.append(f'without {", ".join(traj["missing"])} (no checkpoint, no committed trajectory)')
-    return f'; {"; ".join(notes)}' if notes else ''
+    return {'times': times, 'gaps': gaps, 'images': counts}
 
 
 def _measure_full_test(run: Path, setup: Dict[str, Any], data_dir: Optional[str],
@@ -358,32 +353,61 @@ def _full_test_table(tests: Dict[str, Dict[int, Dict[str, Any]]]) -> List[str]:
 
 def write_guidance_report(root: Path, test_samples: int = 256, data_dir: Optional[str] = None,
                           full_test: bool = False) -> str:
-    """Write ``guidance.csv`` and ``guidance.md`` under ``root``; returns the Markdown. The trajectory is read on
-    the first ``test_samples`` test images of ``data_dir`` (default: Debian's Fashion-MNIST, else the sample). With
-    ``full_test``, runs with a checkpoint and no ``full_test.json`` are measured on the whole test split of
-    ``data_dir``; the table of full-test top-1 shows every seed whose two runs have that file."""
+    """Measure a comparison folder and write its data and its report: ``guidance.csv`` (per run: top-1, the images
+    and the trajectory's gaps) and ``guidance.md`` (``guidance_report``, rendered from the data alone); returns the
+    Markdown. The trajectory is read on the first ``test_samples`` test images of ``data_dir`` (default: Debian's
+    Fashion-MNIST, else the sample). With ``full_test``, runs with a checkpoint and no ``full_test.json`` are
+    measured on the whole test split of ``data_dir``; the table of full-test top-1 shows every seed whose two runs
+    have that file."""
     root = Path(root)
+    runs = _both_arms(root)
+    setup = json.loads((root / 'study.json').read_text()).get('setup', {})
+    traj = _trajectory(root, runs, data_dir, test_samples)
+    _full_test(runs, setup, data_dir, full_test)
+    top1 = _top1(root)
+    with open(root / 'guidance.csv', 'w', newline='') as f:
+        w = csv.writer(f)
+        w.writerow(['arm', 'seed', 'top1', 'images'] + [f'gap_t{t}' for t in traj['times']])
+        for arm in ARMS:
+            for seed in sorted(top1[arm]):
+                gaps = traj['gaps'][arm].get(seed)
+                w.writerow([arm, seed, round(top1[arm][seed], 2)]
+                           + ([traj['images'][arm][seed]] + [round(g, 4) for g in gaps] if gaps else []))
+    table = guidance_report(root)
+    (root / 'guidance.md').write_text(table)
+    return table
+
+
+def _both_arms(root: Path) -> Dict[str, Dict[int, Path]]:
     runs = {arm: _finished(root, arm) for arm in ARMS}
     if not runs['scratch'] or not runs['guided']:
         raise FileNotFoundError(f'{root / "runs"} needs finished runs of both arms (scratch and guided): '
                                 f'run `python -m experiments.study guidance --out-dir {root} --teacher ...` first.')
+    return runs
+
+
+def guidance_report(root: Path) -> str:
+    """``guidance.md`` of a comparison folder, from its committed data alone (no checkpoint, no model): the recipe
+    and setup (``study.json``), each run's ``results.json`` (top-1, minutes) and ``full_test.json``, and the
+    trajectory in ``guidance.csv`` (``write_guidance_report`` measures it). Runs the csv holds no trajectory for are
+    named below the trajectory table."""
+    root = Path(root)
+    runs = _both_arms(root)
     meta = json.loads((root / 'study.json').read_text())
     setup, recipe = meta.get('setup', {}), meta.get('recipe', {})
     results = {arm: {seed: json.loads((p / 'results.json').read_text()) for seed, p in by_seed.items()}
                for arm, by_seed in runs.items()}
-    top1 = {arm: {seed: r['top1'] for seed, r in by_seed.items()} for arm, by_seed in results.items()}
+    top1 = _top1(root)
     # the budget is matched in images; the guided arm also pays for the teacher's forward
     minutes = {arm: statistics.mean(sum(h['train_seconds'] for h in r['history']) / 60 for r in by_seed.values())
                for arm, by_seed in results.items()}
-    traj = _trajectory(root, runs, data_dir, test_samples)
-    tests = _full_test(runs, setup, data_dir, full_test)
-    with open(root / 'guidance.csv', 'w', newline='') as f:
-        w = csv.writer(f)
-        w.writerow(['arm', 'seed', 'top1'] + [f'gap_t{t}' for t in traj['times']])
-        for arm in ARMS:
-            for seed in sorted(top1[arm]):
-                w.writerow([arm, seed, round(top1[arm][seed], 2)]
-                           + [round(g, 4) for g in traj['gaps'][arm].get(seed, [])])
+    traj = _committed_trajectory(root)
+    if not traj:
+        raise FileNotFoundError(f'{root / "guidance.csv"} is missing: measure the trajectory with `python -m '
+                                f'experiments.study guidance-report --out-dir {root}` where the checkpoints are.')
+    gaps = {arm: {seed: traj['gaps'][arm, seed] for seed in runs[arm] if (arm, seed) in traj['gaps']} for arm in ARMS}
+    missing = [f'{arm} seed {seed}' for arm in ARMS for seed in sorted(runs[arm]) if seed not in gaps[arm]]
+    images = ' / '.join(str(n) for n in sorted({traj['images'][key] for key in traj['images']}))
     paired = _paired_gains(top1)
     gain = statistics.mean(paired) if paired else float('nan')
     lines = [
@@ -396,24 +420,22 @@ def write_guidance_report(root: Path, test_samples: int = 256, data_dir: Optiona
         f'{minutes["scratch"]:.1f} / {minutes["guided"]:.1f} |',
         '',
         f'Trajectory: 1 - cosine similarity of the student\'s CLS state at each target time and the teacher\'s block '
-        f'output, on the first {traj["images"]} test images (mean over seeds; 0 = aligned, 1 = orthogonal)'
-        + _trajectory_sources(traj) + ':',
+        f'output, on the first {images} test images (mean over seeds; 0 = aligned, 1 = orthogonal)'
+        + (f'; without {", ".join(missing)} (no trajectory measured)' if missing else '') + ':',
         '',
         '| arm | ' + ' | '.join(f't = {t:g}' for t in traj['times']) + ' |',
         '|---|' + '---:|' * len(traj['times']),
     ]
     for arm in ARMS:
-        per_seed = list(traj['gaps'][arm].values())
-        lines.append(f'| {arm} | ' + ' | '.join(f'{statistics.mean(col):.3f}' for col in zip(*per_seed)) + ' |')
+        lines.append(f'| {arm} | ' + ' | '.join(f'{statistics.mean(col):.3f}' for col in zip(*gaps[arm].values()))
+                     + ' |')
     shared = f'; both arms\' further options: `{setup["train_options"]}`' if setup.get('train_options') else ''
     lines += ['', f'Final-epoch top-1 on {recipe.get("val_samples", "?")} Fashion-MNIST test images, mean ± sample SD '
                   f'over seeds; gain = guided minus scratch, paired by seed ({gain:+.2f} points). Recipe: {recipe}; '
                   f'model kwargs: {setup.get("model_kwargs")}; '
                   f'guided-arm options: `{setup.get("guide") or "-"}`{shared}.']
-    lines += _full_test_table(tests)
-    table = '\n'.join(lines) + '\n'
-    (root / 'guidance.md').write_text(table)
-    return table
+    lines += _full_test_table(_full_test(runs, setup, None, False))
+    return '\n'.join(lines) + '\n'
 
 
 def read_trajectory(path: Path) -> List[Dict[str, Any]]:
@@ -448,32 +470,28 @@ def trajectory_table(rows: Sequence[Dict[str, Any]]) -> str:
     return '\n'.join(lines) + '\n'
 
 
-def _guiding_teacher(guided: Path, named: str, teacher_root: Optional[Path], history: Path) -> Path:
-    """The file of the teacher that guided ``guided`` (its record names it as ``named``, relative to the repository,
-    with its sha256): under ``teacher_root`` when given, else in the working directory, else (a file since
-    replaced) the version of that sha256 from git history, laid out under ``history``."""
-    from ..tables import teacher_sha256
-    from timm_odevit_tools.hub.verify import sha256_file, version_from_history
-    sha = teacher_sha256(guided)
-    path = Path(teacher_root or '.') / named
-    held = sha256_file(path) if path.is_file() else None
-    if held is not None and (not sha or held == sha):
-        return path
-    data = version_from_history(named, sha) if teacher_root is None and sha else None
-    if data is not None:
-        path = history / named
+def _guiding_teacher(guided: Path, teacher_root: Optional[Path], laid_out: Path) -> Path:
+    """The weights file of the teacher that guided ``guided``, as its record names it: the path it gives, under
+    ``teacher_root`` when given; else a published teacher at its revision, from the history of the checkout that
+    path lies in (laid out under ``laid_out``); else that path in the working directory (a teacher never published,
+    named by sha256)."""
+    from ..tables import guiding_teacher
+    from timm_odevit_tools.hub import WEIGHTS_FILE
+    from timm_odevit_tools.hub.revisions import files_at
+    teacher = guiding_teacher(guided)
+    named = Path(teacher['weights'])
+    if teacher_root is None and teacher.get('revision'):
+        path = laid_out / teacher['repo'] / WEIGHTS_FILE
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_bytes(data)
+        # RevisionError (a LookupError) where the checkout lacks that revision, naming the fix
+        path.write_bytes(files_at(named.parent.parent, teacher['repo'], teacher['revision'])[WEIGHTS_FILE])
         return path
-    where = teacher_root or 'the working directory nor, with its sha256, in git history'
-    lay_out = (f'lay that version out (git log --format=%h -- {named} lists them in a full clone; a shallow one lacks '
-               'older versions) in a folder of its own and pass it as --teacher-root')
-    if held is None:
-        raise FileNotFoundError(f'{guided.name} was guided by {named}, which is not under {where}: run from the '
-                                f'repository root, or {lay_out}.')
-    raise ValueError(f'{guided.name} was guided by {named} with sha256 {sha}, and {path} holds other weights'
-                     f'{"" if teacher_root else ", as does every version in git history"}: {lay_out}, to measure the '
-                     'trajectory against the teacher that guided it.')
+    path = Path(teacher_root or '.') / named
+    if not path.is_file():
+        raise FileNotFoundError(f'{guided.name} was guided by {named}, which is not under '
+                                f'{teacher_root or "the working directory"}: run from the repository root, or lay it '
+                                'out in a folder of its own and pass that as --teacher-root.')
+    return path
 
 
 def write_weights_trajectory(root: Path, out_dir: Path, test_samples: int = 256,
@@ -485,20 +503,19 @@ def write_weights_trajectory(root: Path, out_dir: Path, test_samples: int = 256,
     the Markdown.
 
     Read from the published files alone (each record's commands, target times and teacher), so anyone with the
-    weights reruns it; checkpoints are not needed. The teacher checkpoint a record names (a path relative to the
-    repository) is looked for under ``teacher_root``; by default in the working directory (the repository root) or,
-    when that file has since been replaced, as the version of the record's sha256 in git history."""
+    weights reruns it; checkpoints are not needed. A published teacher is loaded at the revision the record names,
+    from the history of the checkout (the record's path is relative to the repository root, the working directory);
+    an unpublished one from that path; from that path under ``teacher_root`` instead where given."""
     from safetensors.torch import load_file
     from ..tables import stage_commands, teacher_target_times, guided_pairs
     from timm_odevit_tools.train import recorded_args
     from timm_odevit_tools.train.command import build_task
     rows: List[Dict[str, Any]] = []
-    with tempfile.TemporaryDirectory(prefix='teacher_from_history_') as history:
+    with tempfile.TemporaryDirectory(prefix='teacher_at_revision_') as laid_out:
         for arch, teacher, scratch, guided in guided_pairs(root):
             args = recorded_args(stage_commands(guided)[-1])  # the stage the teacher guided
             if args.teacher_checkpoint:
-                args.teacher_checkpoint = str(_guiding_teacher(guided, args.teacher_checkpoint, teacher_root,
-                                                               Path(history)))
+                args.teacher_checkpoint = str(_guiding_teacher(guided, teacher_root, Path(laid_out)))
             args.times = ','.join(str(t) for t in teacher_target_times(guided))
             # the published weights replace the student's parameters anyway: nothing to load or copy before them
             args.initial_checkpoint, args.no_init_from_teacher = '', True

@@ -114,7 +114,7 @@ def _local_repo(hf_hub_id: str) -> Optional[Tuple[Path, Dict[str, Any]]]:
 
 def _seed_hub_cache(hf_hub_id: str, folder: Path, entries: Dict[str, Any]) -> Path:
     """Copy a local repo into the Hugging Face cache as huggingface_hub lays out a download (snapshot files, then
-    ``refs/main``, so an interrupted copy is never a revision), under the commit id the local mirror serves it as.
+    ``refs/main``, so an interrupted copy is never a revision), under an id derived from the manifest's entries.
     Returns the snapshot folder."""
     from huggingface_hub import constants
     commit = hashlib.sha1(json.dumps(entries, sort_keys=True).encode()).hexdigest()
@@ -194,15 +194,17 @@ def pretrained_source(hf_hub_id: Optional[str], file: Optional[str] = None) -> I
         yield
         return
     from huggingface_hub import constants, try_to_load_from_cache
-    repo = hf_hub_id.split('/', 1)[1]
+    from timm.models._hub import hf_split
+    repo_id, revision = hf_split(hf_hub_id)  # '<repo>@<revision>': an older version, from a mirror or the cache only
+    repo = repo_id.split('/', 1)[1]
     endpoint = constants.ENDPOINT.rstrip('/')
-    cached = try_to_load_from_cache(hf_hub_id, 'model.safetensors')
+    cached = try_to_load_from_cache(repo_id, 'model.safetensors', revision=revision)
     cached = cached if isinstance(cached, str) else None
     if constants.HF_HUB_OFFLINE and cached is not None:
         yield  # offline by the user's choice (HF_HUB_OFFLINE): the cache serves, no request, nothing to say
         return
     if endpoint != 'https://huggingface.co' and not constants.HF_HUB_OFFLINE:
-        problem = _endpoint_problem(endpoint, hf_hub_id)
+        problem = _endpoint_problem(endpoint, repo_id)
         if problem is None:
             yield
             return
@@ -213,12 +215,12 @@ def pretrained_source(hf_hub_id: Optional[str], file: Optional[str] = None) -> I
     elif cached is not None:
         source = f'{hf_hub_id} loads from the Hugging Face cache (not on huggingface.co yet)'
     else:
-        local = _local_repo(hf_hub_id)
+        local = _local_repo(repo_id) if revision is None else None  # an install carries main only
         if local is None:
             why = 'HF_HUB_OFFLINE=1 allows no download' if constants.HF_HUB_OFFLINE else 'no local Hub mirror is set'
             raise RuntimeError(f'{hf_hub_id} is not on huggingface.co yet, this install does not carry it, and {why}. '
                                f'{_mirror_advice(repo, offline=constants.HF_HUB_OFFLINE)}')
-        snapshot = _seed_hub_cache(hf_hub_id, *local)
+        snapshot = _seed_hub_cache(repo_id, *local)
         source = (f'{hf_hub_id} is not on huggingface.co yet: loading the copy installed with timm_odevit ({local[0]}),'
                   f' put in the Hugging Face cache ({snapshot})')
     warnings.warn(source + '.', stacklevel=4)

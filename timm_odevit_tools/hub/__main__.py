@@ -1,4 +1,4 @@
-"""``python -m timm_odevit_tools.hub``: export, remeasure, manifest, verify, push, serve, evaluate, demo.
+"""``python -m timm_odevit_tools.hub``: export, remeasure, manifest, verify, revisions, push, serve, evaluate, demo.
 
 The tables and analyses of the published weights (table, elasticity, trajectory) are experiments:
 ``python -m experiments.weights`` from a checkout."""
@@ -62,6 +62,10 @@ def main(argv: Optional[List[str]] = None) -> int:
     v = sub.add_parser('verify', help='check every repo under --root (manifest, config, architecture, shapes)')
     v.add_argument('--root', default='weights')
 
+    rv = sub.add_parser('revisions', help="the revisions of a published folder (the commits that changed it), "
+                                          "each loadable as hf-hub:<org>/<repo>@<revision> from the mirror")
+    rv.add_argument('folder', help='e.g. weights/ssog_vit_tiny_patch4_32.fmnist')
+
     u = sub.add_parser('push', help="push a folder with timm's push_to_hf_hub")
     u.add_argument('folder')
     u.add_argument('--repo-id', default=None, help=f'default: {ORG}/<folder name>')
@@ -114,6 +118,20 @@ def main(argv: Optional[List[str]] = None) -> int:
                 print(f'  {err}')
             bad += len(errs)
         return 1 if bad else 0
+    elif a.cmd == 'revisions':
+        from .revisions import published_revision, revision_log
+        log = revision_log(Path(a.folder))
+        if not log:
+            print(f'error: {a.folder} has no committed weights (not a published folder of a git checkout, or its '
+                  'weights were never committed)', file=sys.stderr)
+            return 2
+        current = published_revision(Path(a.folder))
+        for entry in log:
+            what = 'weights' if entry['weights'] else 'card   '
+            mark = '  (main)' if entry['commit'] == current else ''
+            print(f"{entry['commit']}  {entry['date']}  {what}  {entry['subject'][:60]}{mark}")
+        print(f'load one as hf-hub:{ORG}/{Path(a.folder).resolve().name}@<revision> through the mirror '
+              '(python -m timm_odevit_tools.hub serve)')
     elif a.cmd == 'push':
         import timm_odevit  # noqa: F401
         from .export import push

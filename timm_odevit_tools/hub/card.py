@@ -3,6 +3,7 @@ measured top-1 with the command that measures it, size, usage), in the form timm
 from typing import Any, Dict, List, Optional
 
 from . import hub_id
+from .revisions import source_line
 from ..data import AUGMENT_SHIFT, FASHION_MNIST_TRAIN_IMAGES
 from ..train import format_command
 
@@ -21,14 +22,17 @@ def evaluate_command(folder: str, data: str, solver: Optional[str] = None) -> st
             + (f' --solver {solver}' if solver else ''))
 
 
-def guidance_line(args: Dict[str, Any], guidance: Optional[Dict[str, Any]] = None) -> str:
+def guidance_line(args: Dict[str, Any], guidance: Optional[Dict[str, Any]] = None,
+                  teacher_from: Optional[Dict[str, Any]] = None) -> str:
     """A teacher-guided run's guidance as one card line: the teacher, where its targets sit on the student's depth
     axis and the loss as trained. ``guidance``: the run's record (``results.json``: the task's
-    ``guidance_summary``, defaults resolved); without it, the options as given."""
+    ``guidance_summary``, defaults resolved); without it, the options as given. ``teacher_from``: the teacher's
+    weights file as ``revisions.weights_source`` names it (a published repo and revision, else a sha256)."""
     teacher = f'teacher `{args["teacher"]}`'
-    if args.get('teacher_checkpoint'):
-        sha = (guidance or {}).get('teacher_checkpoint_sha256')
-        teacher += f' (weights `{args["teacher_checkpoint"]}`' + (f', sha256 {sha})' if sha else ')')
+    if teacher_from:
+        teacher += f' (weights {source_line(teacher_from)})'
+    elif args.get('teacher_checkpoint'):
+        teacher += f' (weights `{args["teacher_checkpoint"]}`)'
     if args.get('teacher_kwargs'):
         teacher += ', kwargs ' + ' '.join(f'{k}={v}' for k, v in dict(args['teacher_kwargs']).items())
     if args.get('distill') == 'logit':
@@ -69,12 +73,13 @@ def guidance_line(args: Dict[str, Any], guidance: Optional[Dict[str, Any]] = Non
 def training_lines(args: Dict[str, Any], cfg: Dict[str, Any], threads: Optional[int] = None,
                    history: Optional[List[Dict[str, Any]]] = None,
                    guidance: Optional[Dict[str, Any]] = None, ema_published: bool = True,
-                   device_name: Optional[str] = None) -> Dict[str, str]:
+                   device_name: Optional[str] = None, teacher_from: Optional[Dict[str, Any]] = None) -> Dict[str, str]:
     """One run of ``python -m timm_odevit_tools.train`` (its options as a dict) as card lines: data, schedule, budget,
     model kwargs, the teacher guidance of a guided run and the command that reruns it. ``threads``: the run's CPU
     threads (default: what the run recorded, else 1); ``history`` and ``guidance``: its per-epoch record and its
     resolved guidance (``results.json``), for the wall time and the teacher line; ``ema_published``: whether a run
-    that kept an EMA is published with its EMA weights; ``device_name``: the GPU a run recorded (``results.json``)."""
+    that kept an EMA is published with its EMA weights; ``device_name``: the GPU a run recorded (``results.json``);
+    ``teacher_from``: the teacher's weights file, as ``guidance_line`` takes it."""
     size = cfg['input_size']
     kwargs = args.get('model_kwargs') or {}
     threads = threads or args.get('threads') or 1
@@ -104,7 +109,7 @@ def training_lines(args: Dict[str, Any], cfg: Dict[str, Any], threads: Optional[
                                        or 'none (the registered defaults)',
     }
     if args.get('teacher'):
-        lines['teacher guidance'] = guidance_line(args, guidance)
+        lines['teacher guidance'] = guidance_line(args, guidance, teacher_from)
     lines['command'] = f'`{format_command(args, threads)}`'
     return lines
 

@@ -30,6 +30,7 @@ from timm_odevit.models.pretrained import fmnist_input
 from ..train import PROG, checkpoint_args, is_training_command, model_from_checkpoint, read_checkpoint, recorded_args
 from .card import evaluate_command, model_card
 from .record import RECORD_FILE, eval_results, read_record, record_json, render_card, stage_record, weight_record
+from .revisions import check_replaceable, source_line, weights_source
 from .verify import EXPORT_FIX, RepoError, sha256_file, verify_repo, write_manifest
 
 __all__ = ['TEST_SETS', 'STORAGE_DTYPES', 'TRAINED_SOLVER_KWARGS', 'measure', 'trained_solver',
@@ -102,36 +103,31 @@ def run_stages(args: Dict[str, Any], record: Dict[str, Any], cfg: Dict[str, Any]
                threads: Optional[int] = None, ema_published: bool = True) -> List[Dict[str, Any]]:
     """The stages (``hub.record.stage_record``) of a run of the training command (its options and its
     ``results.json`` record), preceded by those of every stage before it when it started from earlier weights
-    (``--initial-checkpoint``); ``repo``: the folder the export writes."""
+    (``--initial-checkpoint``); ``repo``: the folder the export writes. The weights the run loaded (its start, its
+    teacher) are named by repo and revision where they are a committed published folder (``revisions.py``)."""
     before, source = [], None
     if args.get('initial_checkpoint'):
         before, source = _stages_before(args['initial_checkpoint'], record.get('initial_checkpoint_sha256'), cfg, repo)
+    teacher = weights_source(args['teacher_checkpoint'], record.get('teacher_checkpoint_sha256')) \
+        if args.get('teacher') and args.get('teacher_checkpoint') else None
     return before + [stage_record(args, cfg, threads, record.get('history'), record.get('guidance'), ema_published,
-                                  record.get('device_name'), source)]
+                                  record.get('device_name'), source, teacher)]
 
 
 def _stages_before(path: str, recorded_sha256: Optional[str], cfg: Dict[str, Any],
                    repo: Path) -> Tuple[List[Dict[str, Any]], Dict[str, Any]]:
     """The stages that made the weights a run started from, and those weights as a stage's ``initialised_from``
-    (path, sha256, the published folder they are, the card line naming them): a published folder's record, or a
-    checkpoint of the training command with its own stages; none for weights whose recipe is not known."""
-    src = Path(path)
-    if not src.is_file():
-        raise FileNotFoundError(f'{path}: the run started from these weights (--initial-checkpoint) and they are not '
-                                'here: export from the folder the run started in, with them in place, so that the '
-                                'card can state the stage that made them.')
-    digest = sha256_file(src)
-    if recorded_sha256 and digest != recorded_sha256:
-        raise ValueError(f'{path} changed after the run started from it (sha256 {recorded_sha256} then, {digest} '
-                         'now): put back the weights it started from (git history keeps published ones) and export '
-                         'again.')
-    line = f'`{path}` (sha256 {digest})'
-    published = None
+    (``revisions.weights_source``, and the card line naming them): a published folder's record, or a checkpoint of
+    the training command with its own stages; none for weights whose recipe is not known."""
+    source = weights_source(path, recorded_sha256)
+    src, line = Path(path), source_line(source)
     if src.name == WEIGHTS_FILE and (src.parent / RECORD_FILE).is_file():
-        published = src.parent.name
         stages = read_record(src.parent)['stages']
-        line += f', the published `{published}` weights' + (
-            ', which this export replaces (git history keeps them)' if src.parent.resolve() == repo.resolve() else '')
+        if not source.get('revision'):
+            line += f', the published `{src.parent.name}` weights (uncommitted: no revision holds them)'
+        if src.parent.resolve() == repo.resolve():
+            line += ', which this export replaces' + (' (still loadable at that revision)' if source.get('revision')
+                                                      else '')
     else:
         try:
             args = checkpoint_args(read_checkpoint(str(src)))
@@ -145,7 +141,7 @@ def _stages_before(path: str, recorded_sha256: Optional[str], cfg: Dict[str, Any
     if not stages:
         line += ('; weights of unknown provenance: their recipe is not stated here and the images seen count '
                  'only the stages below')
-    return stages, {'weights': path, 'sha256': digest, 'published': published, 'line': line}
+    return stages, {**source, 'line': line}
 
 
 def export_checkpoint(
@@ -176,6 +172,7 @@ def export_checkpoint(
         model.load_state_dict({k: v.to(dtype).to(v.dtype) if v.is_floating_point() else v
                                for k, v in model.state_dict().items()})
     arch = arch or args.get('model') or ckpt['arch']
+    check_replaceable(Path(root) / f'{arch}.{tag}')  # before measuring: the weights it would replace are kept
     stages = []
     if args.get('trainer') == PROG:
         # the run's record beside its checkpoint gives the card its wall time and a guided run's resolved guidance;

@@ -18,16 +18,14 @@ from huggingface_hub import EvalResult, ModelCard
 from torch import nn
 
 from timm_odevit.layers import ode_trunk
-from . import CARD_FILE
+from . import CARD_FILE, RECORD_FILE
 from ..data import FASHION_MNIST_TRAIN_IMAGES
-from ..train import format_command
 from .card import images_per_epoch, training_lines, training_minutes
 from .verify import EXPORT_FIX
 
 __all__ = ['RECORD_FILE', 'RECORD_FORMAT', 'stage_record', 'weight_record', 'read_record', 'record_json',
            'eval_results', 'read_results', 'render_card', 'top1']
 
-RECORD_FILE = 'record.json'
 RECORD_FORMAT = 1
 TASK = 'image-classification'
 DATASET_TYPE = 'fashion_mnist'
@@ -38,23 +36,24 @@ DISCRETE = 'discrete'
 def stage_record(args: Dict[str, Any], cfg: Dict[str, Any], threads: Optional[int] = None,
                  history: Optional[List[Dict[str, Any]]] = None, guidance: Optional[Dict[str, Any]] = None,
                  ema_published: bool = True, device_name: Optional[str] = None,
-                 initialised_from: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
+                 initialised_from: Optional[Dict[str, Any]] = None,
+                 teacher_from: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
     """One run of the training command as a stage of a record: its options as a dict (``args``), ``cfg`` the
     exported input config, the rest as ``hub.card.training_lines`` takes them; ``initialised_from``: the weights it
-    started from (``weights``, ``sha256``, ``published``: the published folder's name or None), when it did."""
-    lines = training_lines(args, cfg, threads, history, guidance, ema_published, device_name)
+    started from, when it did, and ``teacher_from``: its teacher's weights file, each as ``revisions.weights_source``
+    names weights (a published repo and revision, else a sha256; ``initialised_from`` with its card ``line``)."""
+    lines = training_lines(args, cfg, threads, history, guidance, ema_published, device_name, teacher_from)
     if initialised_from:
         lines = {'initialised from': initialised_from['line'], **lines}
         initialised_from = {k: v for k, v in initialised_from.items() if k != 'line'}
     teacher = None
     if args.get('teacher'):
         times = (guidance or {}).get('times')
-        teacher = {'model': args['teacher'], 'weights': args.get('teacher_checkpoint'),
-                   'sha256': (guidance or {}).get('teacher_checkpoint_sha256'),
+        teacher = {'model': args['teacher'], **(teacher_from or {'weights': None}),
                    'distill': args.get('distill') or 'trajectory',
                    # as the card line writes them (6 significant digits)
                    'times': [float(f'{t:g}') for t in times] if times else None}
-    return {'command': format_command(args, threads or args.get('threads') or 1),
+    return {'command': lines['command'].strip('`'),
             'train_images': args.get('train_samples') or FASHION_MNIST_TRAIN_IMAGES,
             'images_per_epoch': images_per_epoch(args), 'epochs': args['epochs'],
             'minutes': None if (m := training_minutes(args, history)) is None else round(m, 1),

@@ -4,8 +4,12 @@
 The folder holds ``<repo>/`` directories (``weights/<arch>.<tag>/``) and ``MANIFEST.json``; each is served as
 ``<org>/<repo>``. Routes (the Hub's download protocol, as huggingface_hub's ``hf_hub_download`` uses it):
 
-- ``HEAD|GET /{org}/{repo}/resolve/{revision}/{path}``: ``X-Repo-Commit`` (40 hex, derived from the manifest),
-  ``ETag`` (the file's sha256), ``Content-Length``, ``Accept-Ranges``; GET honours ``Range: bytes=a-[b]``.
+- ``HEAD|GET /{org}/{repo}/resolve/{revision}/{path}``: ``X-Repo-Commit`` (40 hex), ``ETag`` (the file's sha256),
+  ``Content-Length``, ``Accept-Ranges``; GET honours ``Range: bytes=a-[b]``. ``main`` is the folder as it is; its
+  commit is the git commit that published it (``revisions.published_revision``) where the root lies in a checkout
+  and the folder holds no uncommitted change, else an id derived from the manifest. Any other revision (a commit,
+  a tag, a branch of the checkout) is served from git history, each file checked against that commit's manifest
+  (``revisions.files_at``): a weight trained again leaves the version before loadable at its revision.
 - ``GET /api/models/{org}/{repo}[/revision/{revision}]``: repo info with ``sha`` and ``siblings``
   (``snapshot_download``).
 - 404 with ``X-Error-Code``: ``RepoNotFound``, ``RevisionNotFound``, ``EntryNotFound`` (the Hub's codes, which
@@ -40,6 +44,7 @@ from urllib.parse import unquote, urlsplit
 
 from timm_odevit.models.pretrained import local_weights_roots
 from . import MANIFEST_FILE, ORG
+from .revisions import RevisionError, files_at, published_revision, resolve_revision
 from .verify import EXPORT_FIX, RepoError, load_manifest, sha256_file, verify_repo
 
 __all__ = ['HubMirror', 'serve', 'REFUSED_STATUS']
@@ -154,12 +159,14 @@ class _Handler(BaseHTTPRequestHandler):
         if self._repo(org, repo, head) is None:
             return None
         snap = self.server.snapshot(repo)
-        if rev not in ('main', snap.commit):
-            self._error(404, 'RevisionNotFound', f'Revision {rev} not found for {self.server.org}/{repo}: this '
-                                                 f'mirror serves main = {snap.commit}.', head,
-                        {'X-Repo-Commit': snap.commit})
+        if rev in ('main', snap.commit):
+            return snap
+        try:
+            return self.server.revision_snapshot(repo, rev)
+        except RevisionError as e:
+            self._error(404, 'RevisionNotFound', f'Revision {rev} not found for {self.server.org}/{repo}: {e} main '
+                                                 f'is {snap.commit}.', head, {'X-Repo-Commit': snap.commit})
             return None
-        return snap
 
     def _resolve(self, org: str, repo: str, rev: str, rel: str, head: bool) -> int:
         snap = self._repo_at(org, repo, rev, head)
@@ -275,6 +282,7 @@ class _Server(ThreadingHTTPServer):
         self._lock = threading.Lock()
         self._build_lock = threading.Lock()
         self._snapshots: Dict[str, Tuple[Any, _Snapshot]] = {}
+        self._revisions: Dict[Tuple[str, str], _Snapshot] = {}  # (repo, commit): a revision never changes
         # snapshots are never rewritten or deleted while the server runs: a download in flight keeps its bytes
         self._copies = itertools.count()
 
@@ -314,6 +322,22 @@ class _Server(ThreadingHTTPServer):
                 self._snapshots[repo] = (state, snap)
             return snap
 
+    def revision_snapshot(self, repo: str, revision: str) -> _Snapshot:
+        """The repo as git commit ``revision`` published it (RevisionError when the checkout lacks it, or its files
+        fail that commit's manifest)."""
+        commit = resolve_revision(self.root, revision)
+        with self._build_lock:
+            snap = self._revisions.get((repo, commit))
+            if snap is None:
+                folder = Path(self._store.name) / str(next(self._copies)) / repo
+                files = {}
+                for rel, data in files_at(self.root, repo, commit).items():
+                    (folder / rel).parent.mkdir(parents=True, exist_ok=True)
+                    (folder / rel).write_bytes(data)
+                    files[rel] = {'sha256': hashlib.sha256(data).hexdigest(), 'size': len(data)}
+                snap = self._revisions[repo, commit] = _Snapshot(folder, files, commit, {})
+        return snap
+
     def _build(self, repo: str) -> _Snapshot:
         try:
             manifest: Optional[Dict[str, Any]] = load_manifest(self.root)
@@ -321,9 +345,11 @@ class _Server(ThreadingHTTPServer):
         except RepoError as e:
             manifest, errors = None, {e.path: e}
         files = {k: v for k, v in (manifest or {}).get('files', {}).items() if k.startswith(f'{repo}/')}
-        # a stable 40-hex commit id per repo: sha1 over its manifest entries (changes when a file does)
+        # the commit that published the folder; outside git or with uncommitted files, a stable 40-hex id per repo:
+        # sha1 over its manifest entries (changes when a file does)
         basis = files or {p.as_posix(): p.stat().st_size for p in (self.root / repo).rglob('*') if p.is_file()}
-        commit = hashlib.sha1(json.dumps(basis, sort_keys=True).encode()).hexdigest()
+        commit = published_revision(self.root / repo) or \
+            hashlib.sha1(json.dumps(basis, sort_keys=True).encode()).hexdigest()
         own = {k[len(repo) + 1:]: v for k, v in files.items()}
         if not self.verify:
             return _Snapshot(self.root / repo, own, commit, {})

@@ -7,14 +7,12 @@ A repo passes when every file matches the manifest, ``config.json`` parses and n
 import hashlib
 import json
 import os
-import shutil
-import subprocess
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
 from . import CONFIG_FILE, MANIFEST_FILE, WEIGHTS_FILE
 
-__all__ = ['RepoError', 'sha256_file', 'version_from_history', 'build_manifest', 'write_manifest', 'load_manifest',
+__all__ = ['RepoError', 'sha256_file', 'build_manifest', 'write_manifest', 'load_manifest',
            'verify_repo', 'verify_root']
 
 EXPORT_FIX = 'python -m timm_odevit_tools.hub export RUN/last.pth.tar --tag TAG'  # RUN: the training run's folder
@@ -36,22 +34,6 @@ def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
         for block in iter(lambda: f.read(chunk), b''):
             h.update(block)
     return h.hexdigest()
-
-
-def version_from_history(path: str, sha256: str, repo: Path = Path('.')) -> Optional[bytes]:
-    """The bytes of the version of ``path`` (relative to the git checkout ``repo``) whose sha256 is ``sha256``, from
-    the git history this checkout holds, newest first; None without git, outside a checkout or when no version has
-    that hash (a shallow clone lacks older ones). A weight replaced in ``weights/`` stays the teacher its students'
-    cards name by hash: it is found here rather than trained again."""
-    if shutil.which('git') is None:
-        return None
-    git = ['git', '-C', str(repo)]
-    log = subprocess.run(git + ['log', '--format=%H', '--', path], capture_output=True, text=True)
-    for commit in log.stdout.split() if log.returncode == 0 else []:
-        data = subprocess.run(git + ['show', f'{commit}:{path}'], capture_output=True).stdout
-        if hashlib.sha256(data).hexdigest() == sha256:
-            return data
-    return None
 
 
 def _repo_dirs(root: Path) -> List[Path]:
