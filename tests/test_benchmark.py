@@ -135,11 +135,11 @@ def test_gmacs_count_in_place_matmuls():
     assert macs['accumulate'] == macs['einsum'] > 0
 
 
-@pytest.mark.parametrize('setting,img_size,slack', [('ode', 224, 0), ('discrete', 224, 0), ('ode', 1024, 1)])
-def test_ssog_ops_per_forward_at_most_the_fused_twin(setting, img_size, slack):
+@pytest.mark.parametrize('setting,img_size', [('ode', 224), ('discrete', 224), ('ode', 1024)])
+def test_ssog_ops_per_forward_at_most_the_fused_twin(setting, img_size):
     """Ops per inference forward (bf16 autocast, batch 1), what sets a GPU's time at small sizes: SSoG issues no more
-    than its fused-attention twin at 224 px (one bmm per evaluation with the N x N operator, its kernels built once
-    for an unchanged model), and at most one more per evaluation at 1024 px (the separable path's two bmm)."""
+    than its fused-attention twin, at 224 px (one bmm per evaluation with the N x N operator, its kernels built once
+    for an unchanged model) and at 1024 px (the one-op separable mixing, as fused attention is one op)."""
     ops, nfe = {}, {}
     for variant in ('ssog', 'fused'):
         case = Case(setting, 'tiny', variant, img_size, 1)
@@ -147,7 +147,7 @@ def test_ssog_ops_per_forward_at_most_the_fused_twin(setting, img_size, slack):
         ops[variant] = runner.count_ops(model, runner.make_input(case, 'cpu', torch.float32), torch.bfloat16)
         nfe[variant] = model.nfe
     assert nfe['ssog'] == nfe['fused'] == 12
-    assert ops['ssog'] <= ops['fused'] + slack * nfe['ssog'], ops
+    assert ops['ssog'] <= ops['fused'], ops
 
 
 def test_ratio_computation():
@@ -204,6 +204,23 @@ def test_accumulate_mixing_peaks_below_einsum():
         peaks[mixing] = infer.peak, train.peak
     assert peaks['accumulate'][0] < 0.7 * peaks['einsum'][0]
     assert peaks['accumulate'][1] < peaks['einsum'][1]
+
+
+def test_live_storage_tracker_sees_inside_the_separable_op_off_cuda():
+    """The one-op mixing's per-head scratch counts (its CPU kernel is PyTorch code the tracker follows): a call
+    peaks above its output and a head's K-fold result, and below the einsum path's K-fold intermediate of all heads,
+    with the same output."""
+    from timm_odevit.layers.fused_mixer import separable_mix, separable_mix_reference
+    B, H, W, heads, d, K = 1, 16, 16, 3, 16, 4
+    v = torch.randn(d * heads, B, 1 + H * W).permute(1, 2, 0)  # channel-major, as the mixer passes it
+    gy, gx = torch.rand(heads, K, H, H), torch.rand(heads, K, W, W)
+    with torch.no_grad(), LiveStorageTracker() as fused:
+        out = separable_mix(v, gy, gx, H, W, True)
+    with torch.no_grad(), LiveStorageTracker() as einsum:
+        ref = separable_mix_reference(v, gy, gx, H, W, True)
+    torch.testing.assert_close(out, ref)
+    values = v.numel() * v.element_size()
+    assert values + K * values // heads < fused.peak < einsum.peak
 
 
 def test_memory_measured_in_fresh_child():

@@ -1,5 +1,6 @@
 """The fused SSoG mixer (torch.ops.timm_odevit.separable_mix): its Triton kernel against the reference on the CPU
-under Triton's interpreter, its autograd formula and fake implementation, and the op inside a compiled model."""
+under Triton's interpreter, its per-head kernel (every device without Triton) against the reference, its autograd
+formula and fake implementation, and the op inside a compiled model."""
 import os
 import subprocess
 import sys
@@ -9,7 +10,7 @@ import pytest
 import torch
 
 from timm_odevit.layers import SeparableGaussianMixer
-from timm_odevit.layers.fused_mixer import HAS_TRITON, separable_mix, separable_mix_reference
+from timm_odevit.layers.fused_mixer import HAS_TRITON, separable_mix, separable_mix_by_head, separable_mix_reference
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -56,6 +57,32 @@ def test_triton_kernel_equals_reference_under_the_interpreter():
                           timeout=900, cwd=ROOT)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert 'checked 12' in proc.stdout
+
+
+@pytest.mark.parametrize('dtype,tol', [(torch.float32, 1e-5), (torch.bfloat16, 8e-3), (torch.float16, 1e-3)])
+@pytest.mark.parametrize('channel_major', [False, True])
+def test_per_head_kernel_equals_reference(dtype, tol, channel_major):
+    """The op off CUDA: forward, and the values' gradient as the backward computes it (the op with transposed
+    kernels), for values laid out token-major or channel-major (the mixer's: read in place, the result in their
+    layout); several grids, prefix tokens (more than a grid row, none), batch 1 and 3."""
+    torch.manual_seed(0)
+    for B, H, W, P, heads, d, K, mean in [(1, 14, 14, 1, 3, 64, 4, True), (1, 7, 3, 11, 2, 24, 2, False),
+                                          (3, 4, 5, 0, 2, 16, 3, True), (3, 6, 5, 2, 2, 16, 4, True)]:
+        v = torch.randn(B, P + H * W, heads * d, dtype=torch.float64)
+        gy, gx = torch.rand(heads, K, H, H, dtype=torch.float64), torch.rand(heads, K, W, W, dtype=torch.float64)
+        args = [t.to(dtype) for t in (v, gy, gx)]
+        if channel_major:
+            args[0] = args[0].permute(2, 0, 1).contiguous().permute(1, 2, 0)
+        ref = separable_mix_reference(*[t.double() for t in args], H, W, mean)
+        out = separable_mix(*args, H, W, mean)
+        assert out.dtype == dtype and out.stride() == args[0].stride()
+        assert ((out.double() - ref).norm() / ref.norm()).item() < tol, (B, H, W, P, dtype)
+        torch.testing.assert_close(separable_mix_by_head(*args, H, W, mean), out, rtol=0, atol=0)
+        g = torch.randn_like(args[0])
+        back = separable_mix(g, args[1].transpose(-1, -2), args[2].transpose(-1, -2), H, W, False)
+        vr = args[0].double().requires_grad_()
+        separable_mix_reference(vr, args[1].double(), args[2].double(), H, W, False).backward(g.double())
+        assert ((back[:, P:].double() - vr.grad[:, P:]).norm() / vr.grad[:, P:].norm()).item() < tol
 
 
 @pytest.mark.parametrize('num_prefix,mean', [(0, True), (2, True), (3, False)])

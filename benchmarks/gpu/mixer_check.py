@@ -6,7 +6,7 @@ to OUT_DIR/summary.md as soon as it finishes (a call cut short keeps what it mea
 3. a kernel profile of one SSoG and one fused-attention forward: CUDA kernels launched, GPU busy time, wall time;
 4. timings of SSoG against fused SDPA and the identity floor (ODE, small, 224 and 1024 px, batch 1 and 32,
    inference and training step): eager, eager captured in CUDA graphs, and torch.compile 'reduce-overhead';
-5. the mixing paths alone (Triton kernel, N x N operator, separable, accumulate): agreement and time by grid size;
+5. the mixing paths alone (Triton kernel, N x N operator, accumulate, einsum): agreement and time by grid size;
 6. a training-step profile of the 32 px tiny pair at batch 512 (SSoG trained 4x slower than dense there).
 
     python benchmarks/gpu/mixer_check.py OUT_DIR             # on the GPU machine, from the checkout
@@ -150,7 +150,7 @@ def mixing_paths(args) -> str:
     einsum reference and median ms per call, by grid and batch."""
     grids = [(4, 4), (8, 8)] if args.dry_run else [(14, 14), (24, 24), (32, 32), (64, 64)]
     batches = [1, 2] if args.dry_run else [1, 32]
-    paths = ['operator', 'separable', 'accumulate', 'einsum'] + (['fused'] if HAS_TRITON else [])
+    paths = ['operator', 'accumulate', 'einsum', 'fused']  # fused: the Triton kernel, else the per-head matmuls
     rows = ['| grid | batch | ' + ' | '.join(f'{p} ms' for p in paths) + ' | max rel. error |',
             '|---|---:|' + '---:|' * (len(paths) + 1)]
     torch.manual_seed(0)

@@ -182,51 +182,6 @@ def _mix_operator(x: torch.Tensor, v: nn.Linear, proj: nn.Linear, op_t: torch.Te
     return proj(yt.view(C, B * N).t()).view(B, N, C)
 
 
-def _separable_operands(gy: torch.Tensor, gx: torch.Tensor, mix: torch.Tensor, head_dim: int, num_prefix: int,
-                        prefix_mean: bool) -> Tuple[torch.Tensor, torch.Tensor]:
-    """The two kernel operands of ``_mix_separable`` from G^y [heads, K, H, H], G^x [heads, K, W, W], weights a.
-
-    x stage, ``gx_t`` [heads, W, K' W]: column (k, j') holds G^x_k[j', :]; with prefix tokens to feed a (K+1)-th
-    component is uniform (1 / W: each row's mean). y stage, ``gy_rows`` [heads * d, R + H, H K']: row R + i holds
-    a_k G^y_k[i, :] at column (i', k); the R = ceil(P / W) rows above it are the prefix tokens' rows, 1 / H on the
-    uniform component: the patch mean, repeated along the row. Expanded over the d channels of each head, so that
-    the y stage is one bmm over (head, channel) with no copy of the values."""
-    heads, K, H, W = gy.shape[0], gy.shape[1], gy.shape[-1], gx.shape[-1]
-    uniform = num_prefix > 0 and prefix_mean
-    rows = -(-num_prefix // W)
-    gx_t = gx.permute(0, 3, 1, 2)  # [heads, j, k, j']
-    gy_w = (gy * mix[..., None, None]).permute(0, 2, 3, 1)  # [heads, i, i', k]
-    if uniform:
-        gx_t = torch.cat([gx_t, gx_t.new_full((heads, W, 1, W), 1. / W)], dim=2)
-        gy_w = F.pad(gy_w, (0, 1))
-    k1 = gy_w.shape[-1]
-    if rows:
-        top = gy_w.new_zeros(heads, rows, H, k1)
-        if uniform:
-            top[..., -1] = 1. / H
-        gy_w = torch.cat([top, gy_w], dim=1)
-    gy_rows = gy_w.reshape(heads, 1, rows + H, H * k1).expand(heads, head_dim, rows + H, H * k1)
-    return gx_t.reshape(heads, W, k1 * W), gy_rows.reshape(heads * head_dim, rows + H, H * k1)
-
-
-def _mix_separable(x: torch.Tensor, v: nn.Linear, proj: nn.Linear, gx_t: torch.Tensor, gy_rows: torch.Tensor,
-                   grid_size: Tuple[int, int]) -> torch.Tensor:
-    """The separable mixing as two bmm, all components in each (``_separable_operands``): the x stage on the
-    transposed patch values [heads, d * B * H, W], the y stage over (k, i') per (head, channel). At batch 1 nothing
-    is copied: the values come out of the projection in the x stage's layout, and the prefix tokens' rows sit right
-    above the patches' in the result, which is the output projection's input, transposed."""
-    B, N, C = x.shape
-    H, W = grid_size
-    num_prefix = N - H * W
-    heads = gx_t.shape[0]
-    rows = gy_rows.shape[1] - H
-    vt = _projected_t(x[:, num_prefix:], v)  # [C, B * H * W]
-    t = torch.bmm(vt.view(heads, -1, W), gx_t)  # [heads, d * B * H, K' W], laid out [h, c, b, i', k, j']
-    y = torch.matmul(gy_rows.view(C, 1, rows + H, -1), t.view(C, B, -1, W))  # broadcast: a view at batch 1
-    y = y.view(C, B, (rows + H) * W)[:, :, rows * W - num_prefix:]  # [C, B, N]: prefix rows, then the patches
-    return proj(y.reshape(C, B * N).t()).view(B, N, C)
-
-
 def _negligible_weight(dtype: torch.dtype) -> float:
     """The kernel weight below which an entry cannot change a sum that holds a weight near 1 (tiny / eps, 1e-31 in
     float32). Gaussian tails underflow to subnormal floats, which CPUs compute 10-20x slower in ``exp`` and in every
@@ -431,11 +386,11 @@ def _steered_heads(
     return _steered_mix(v, log_sigma, offset, mix_logits, res, columns_per_chunk=columns_per_chunk)
 
 
-# how the fixed kernels are applied: 'operator', the N x N token matrix (one bmm); 'separable', both axes as two bmm
-# with all components in each; 'fused', the custom op torch.ops.timm_odevit.separable_mix (one Triton kernel on CUDA,
-# its einsum reference elsewhere); 'accumulate', one component at a time with a backward that keeps nothing
-# value-sized; 'einsum', two einsums through a K-fold intermediate; 'auto' chooses (SeparableGaussianMixer.mixing_path)
-MIXING_PATHS = ('auto', 'operator', 'separable', 'fused', 'accumulate', 'einsum')
+# how the fixed kernels are applied: 'operator', the N x N token matrix (one bmm); 'fused', the custom op
+# torch.ops.timm_odevit.separable_mix (one Triton kernel on CUDA, two matmuls per head elsewhere); 'accumulate', one
+# component at a time with a backward that keeps nothing value-sized; 'einsum', two einsums through a K-fold
+# intermediate; 'auto' chooses (SeparableGaussianMixer.mixing_path)
+MIXING_PATHS = ('auto', 'operator', 'fused', 'accumulate', 'einsum')
 # the largest patch grid 'auto' mixes with the N x N operator (docs/benchmark.md, "Mixing paths")
 OPERATOR_MAX_PATCHES = 576
 
@@ -537,18 +492,18 @@ class SeparableGaussianMixer(nn.Module):
 
     def mixing_path(self, grid_size: Tuple[int, int], batch_size: int) -> str:
         """The path a call on this grid and batch takes. ``'auto'``: the N x N operator up to
-        ``OPERATOR_MAX_PATCHES`` patches (one bmm; measured faster there, docs/benchmark.md); above it the fused
-        Triton kernel on CUDA, and elsewhere the two-bmm separable path for inference at batch 1 (no copy of the
-        values), else the accumulate path (nothing value-sized kept for backward, no K-fold intermediate). An
-        explicit ``mixing`` (e.g. ``ssog_mixing='accumulate'``) is the switch that keeps a model off the Triton
-        kernel."""
+        ``OPERATOR_MAX_PATCHES`` patches (one bmm; measured faster there, docs/benchmark.md); above it the fused op
+        (``separable_mix``: the Triton kernel on CUDA, two matmuls per head elsewhere) for inference, and for
+        training where the Triton kernel runs; else the accumulate path (nothing value-sized kept for backward, no
+        K-fold intermediate). An explicit ``mixing`` (e.g. ``ssog_mixing='accumulate'``) is the switch that keeps a
+        model off the Triton kernel."""
         if self.mixing != 'auto':
             return self.mixing
         if grid_size[0] * grid_size[1] <= OPERATOR_MAX_PATCHES:
             return 'operator'
-        if self.v.weight.is_cuda and HAS_TRITON:
+        if (self.v.weight.is_cuda and HAS_TRITON) or not torch.is_grad_enabled():
             return 'fused'
-        return 'separable' if batch_size == 1 and not torch.is_grad_enabled() else 'accumulate'
+        return 'accumulate'
 
     def field_constants(
             self, grid_size: Tuple[int, int], shape: Optional[Sequence[int]] = None,
@@ -561,7 +516,7 @@ class SeparableGaussianMixer(nn.Module):
             return {}
         B, N = (1, grid_size[0] * grid_size[1]) if shape is None else shape[:2]
         path = self.mixing_path(grid_size, B)
-        num_prefix = N - grid_size[0] * grid_size[1] if path in ('operator', 'separable') else 0
+        num_prefix = N - grid_size[0] * grid_size[1] if path == 'operator' else 0
         dtype = _mixing_dtype(self.v.weight)
         cache = not torch.is_grad_enabled() and not torch.compiler.is_compiling()
         if cache:
@@ -578,9 +533,6 @@ class SeparableGaussianMixer(nn.Module):
             gy, gx, mix = self.kernels(grid_size)
             if path == 'operator':
                 tensors = (_flush(_token_operator_t(gy, gx, mix, num_prefix, mean), dtype),)
-            elif path == 'separable':
-                gx_t, gy_rows = _separable_operands(gy, gx, mix, self.head_dim, num_prefix, mean)
-                tensors = (_flush(gx_t, dtype), _flush(gy_rows, dtype))
             else:
                 tensors = (_flush(gy * mix[..., None, None], dtype), _flush(gx, dtype))
         constants = MixingConstants(path, tensors)
@@ -631,12 +583,11 @@ class SeparableGaussianMixer(nn.Module):
         path, tensors = kernels
         if path == 'operator':
             return self.proj_drop(_mix_operator(x, self.v, self.proj, *tensors))
-        if path == 'separable':
-            return self.proj_drop(_mix_separable(x, self.v, self.proj, *tensors, grid_size))
         gy, gx = tensors
         if path == 'fused':
-            y = separable_mix(self.v(x), gy, gx, H, W, self.prefix_mixing == 'mean')
-            return self.proj_drop(self.proj(y))
+            # off the Triton kernel the op reads channel-major values in place: the projection's [C, B * N], viewed
+            v = self.v(x) if x.is_cuda and HAS_TRITON else _projected_t(x, self.v).t().view(B, N, C)
+            return self.proj_drop(self.proj(separable_mix(v, gy, gx, H, W, self.prefix_mixing == 'mean')))
         v = self.v(x)
         vp = v[:, num_prefix:].reshape(B, H, W, self.num_heads, self.head_dim)
         if path == 'accumulate':

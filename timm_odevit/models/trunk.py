@@ -124,7 +124,7 @@ class DepthVisionTransformer(nn.Module):
             learn_offset: Optional[bool] = None,
             prefix_mixing: Optional[Literal['mean', 'none']] = None,
             ssog_steer: Optional[bool] = None,
-            ssog_mixing: Optional[Literal['auto', 'operator', 'separable', 'fused', 'accumulate', 'einsum']] = None,
+            ssog_mixing: Optional[Literal['auto', 'operator', 'fused', 'accumulate', 'einsum']] = None,
             ode_method: Optional[str] = None,
             ode_steps: Optional[int] = None,
             ode_t_end: Optional[float] = None,
@@ -167,9 +167,9 @@ class DepthVisionTransformer(nn.Module):
                 residuals on centre, width and mixture weight, zero at initialisation. Steered kernels have no
                 global Lipschitz bound, so the ODE families keep fixed kernels by default.
             ssog_mixing: How the fixed kernels are applied (ssog only): 'auto' (default: the N x N operator on
-                small grids, the fused Triton kernel on CUDA, else 'separable' or 'accumulate' by batch and grad
-                mode), or one path forced: 'operator', 'separable', 'fused', 'accumulate', 'einsum'
-                (docs/benchmark.md, "Mixing paths").
+                small grids, above them the fused op in inference and on CUDA with Triton, else 'accumulate'),
+                or one path forced: 'operator', 'fused', 'accumulate', 'einsum' (docs/benchmark.md, "Mixing
+                paths").
             ode_method: ODE method (ode only; default 'euler'): a fixed-grid or an adaptive one, see OdeDepth.
             ode_steps: Uniform solver steps for fixed-grid methods (ode only; default: depth).
             ode_t_end: End of the integration interval (ode only; default: depth, i.e. unit steps).

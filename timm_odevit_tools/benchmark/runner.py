@@ -33,6 +33,7 @@ from torch.utils._pytree import tree_flatten
 from torch.utils.flop_counter import FlopCounterMode
 
 from timm_odevit import models  # noqa: F401  (registers the models)
+from timm_odevit.layers.fused_mixer import separable_mix_by_head
 from timm_odevit.models.families import SETTINGS, SIZES, model_name
 
 VARIANTS = ('ssog', 'fused', 'eager', 'floor')
@@ -467,8 +468,9 @@ class LiveStorageTracker(TorchDispatchMode):
     Every storage an op returns is counted once, by its ``nbytes``, from its creation until its last reference dies
     (a weakref finalizer on the storage). Views and in-place results share a counted storage and add nothing.
     Storages that existed before (weights, the input) are not counted: ``peak`` is what a step adds on top of them.
-    Not seen: scratch buffers a fused kernel allocates and frees inside one op (e.g. the fused CPU attention's
-    per-thread blocks), and code that allocates outside the dispatcher (inductor's generated kernels).
+    Our own custom op (``separable_mix``) is followed inside off CUDA, where its kernel is PyTorch code: its per-head
+    scratch counts. Not seen: scratch buffers a compiled kernel allocates and frees inside one op (e.g. the fused CPU
+    attention's per-thread blocks), and code that allocates outside the dispatcher (inductor's generated kernels).
     """
 
     def __init__(self, enabled: bool = True) -> None:
@@ -482,6 +484,9 @@ class LiveStorageTracker(TorchDispatchMode):
         self.live -= self._seen.pop(key, 0)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if self.enabled and func is torch.ops.timm_odevit.separable_mix.default and args[0].device.type != 'cuda':
+            with self:  # the mode is off inside a dispatch: on again, the op's own aten calls are tracked
+                return separable_mix_by_head(*args, **(kwargs or {}))
         out = func(*args, **(kwargs or {}))
         if not self.enabled:
             return out
