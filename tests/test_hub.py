@@ -407,6 +407,24 @@ def test_bad_repo_refused_with_file_and_fix(case, bad_root, tmp_path):
     assert cli.returncode == 1 and 'FAILED' in cli.stdout and what in cli.stdout
 
 
+def test_a_record_that_is_not_the_folders_is_refused(bad_root):
+    """record.json must parse and describe its folder (name and architecture): another folder's record, or a
+    broken one, fails verify and the mirror refuses the repo, naming the file and the fix."""
+    path = bad_root / PICK / RECORD_FILE
+    other = next(r for r in REPOS if r.partition('.')[0] != ARCH)
+    shutil.copy(WEIGHTS / other / RECORD_FILE, path)
+    write_manifest(bad_root)
+    (err,) = verify_root(bad_root)[PICK]
+    assert str(path) in str(err) and f"describes {other!r}" in str(err) and 'remeasure' in str(err)
+    with HubMirror(str(bad_root)) as m:
+        status, h, _ = _request(f'{m.url}/{ORG}/{PICK}/resolve/main/config.json', 'HEAD')
+        assert status == REFUSED_STATUS and RECORD_FILE in h['X-Error-Message']
+    path.write_text('{"weights": ')
+    write_manifest(bad_root)
+    (err,) = verify_root(bad_root)[PICK]
+    assert 'not valid JSON' in str(err) and 'git checkout' in str(err)
+
+
 def test_mirror_sends_only_bytes_that_match_the_manifest(bad_root):
     """A file changed in place behind the mirror's back is never served (issue 14, item 2)."""
     f = bad_root / PICK / 'model.safetensors'

@@ -1,8 +1,9 @@
 """Integrity of a folder of Hub repos: the manifest (sha256 and size of every file) and per-repo checks.
 
-A repo passes when every file matches the manifest, ``config.json`` parses and names a registered architecture, and
+A repo passes when every file matches the manifest, ``config.json`` parses and names a registered architecture,
 ``model.safetensors`` has a complete header whose tensor names and shapes are those of that architecture built from
-``config.json``. The mirror refuses to serve a file that fails, so a client's cache never receives it.
+``config.json``, and ``record.json`` parses and names the folder and that architecture. The mirror refuses to serve
+a file that fails, so a client's cache never receives it.
 """
 import hashlib
 import json
@@ -10,7 +11,7 @@ import os
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
-from . import CONFIG_FILE, MANIFEST_FILE, WEIGHTS_FILE
+from . import CONFIG_FILE, MANIFEST_FILE, RECORD_FILE, WEIGHTS_FILE
 
 __all__ = ['RepoError', 'sha256_file', 'build_manifest', 'write_manifest', 'load_manifest',
            'verify_repo', 'verify_root']
@@ -159,6 +160,20 @@ def check_weights_match(weights: Path, cfg_path: Path, cfg: Dict[str, Any]) -> N
                                  f'the right checkpoint with `{EXPORT_FIX}`, or fix {cfg_path.name}.')
 
 
+def check_record(path: Path, repo: str, cfg: Optional[Dict[str, Any]]) -> None:
+    """``record.json`` (``record.py``) parses and describes this folder: its name, and its config's architecture."""
+    fix = f'restore it (git checkout) or re-render it with `python -m timm_odevit_tools.hub remeasure {path.parent}`'
+    try:
+        record = json.loads(path.read_text(encoding='utf-8'))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise RepoError(path, f'not valid JSON ({e}); {fix}.') from e
+    named = record.get('weights') if isinstance(record, dict) else None
+    arch = record.get('architecture') if isinstance(record, dict) else None
+    if named != repo or (cfg is not None and arch != cfg['architecture']):
+        raise RepoError(path, f'describes {named!r} ({arch!r}), not this folder {repo!r}'
+                              + (f" ({cfg['architecture']!r})" if cfg else '') + f': another folder\'s record; {fix}.')
+
+
 def verify_repo(root: Path, repo: str, manifest: Optional[Dict[str, Any]] = None) -> List[RepoError]:
     """Every problem of one repo folder ``root/repo`` (empty list: it is sound). Never raises RepoError."""
     root = Path(root)
@@ -178,8 +193,9 @@ def verify_repo(root: Path, repo: str, manifest: Optional[Dict[str, Any]] = None
         if rel.startswith(f'{repo}/') and not (root / rel).is_file():
             errors.append(RepoError(root / rel, f'listed in {MANIFEST_FILE} but missing; restore it or re-export '
                                                 f'with `{EXPORT_FIX}`.'))
-    cfg_path, weights = repo_dir / CONFIG_FILE, repo_dir / WEIGHTS_FILE
+    cfg_path, weights, record = repo_dir / CONFIG_FILE, repo_dir / WEIGHTS_FILE, repo_dir / RECORD_FILE
     bad = {e.path for e in errors}
+    cfg = None
     if cfg_path.is_file() and cfg_path not in bad:
         try:
             cfg = read_config(cfg_path)
@@ -191,6 +207,11 @@ def verify_repo(root: Path, repo: str, manifest: Optional[Dict[str, Any]] = None
     elif weights.is_file() and weights not in bad:
         try:
             safetensors_shapes(weights)
+        except RepoError as e:
+            errors.append(e)
+    if record.is_file() and record not in bad:
+        try:
+            check_record(record, repo, cfg)
         except RepoError as e:
             errors.append(e)
     return errors
