@@ -121,18 +121,19 @@ def test_compile_mode_is_named_and_compiled_cases_warm_up(monkeypatch):
     assert len(timed) == runner.COMPILED_WARMUP + 2
 
 
-def test_gmacs_count_in_place_matmuls():
-    """The accumulate path adds each Gaussian component with an in-place baddbmm_, which torch's counter scores as
-    zero: counted, its MACs equal the einsum path's (the same contractions)."""
+def test_gmacs_count_in_place_matmuls_and_the_separable_op():
+    """The accumulate path adds each Gaussian component with an in-place baddbmm_, and the fused path is one custom
+    op, both of which torch's counter scores as zero: counted, their MACs equal the einsum path's (the same
+    contractions)."""
     from torch.utils.flop_counter import FlopCounterMode
     x = torch.randn(2, 1 + 12 * 10, 48)
     macs = {}
-    for mixing in ('accumulate', 'einsum'):
+    for mixing in ('accumulate', 'fused', 'einsum'):
         m = SeparableGaussianMixer(48, 3, num_gaussians=4, mixing=mixing)
         with torch.no_grad(), FlopCounterMode(display=False, custom_mapping=runner.IN_PLACE_FLOPS) as counter:
             m(x, (12, 10))
         macs[mixing] = counter.get_total_flops()
-    assert macs['accumulate'] == macs['einsum'] > 0
+    assert macs['accumulate'] == macs['fused'] == macs['einsum'] > 0
 
 
 @pytest.mark.parametrize('setting,img_size', [('ode', 224), ('discrete', 224), ('ode', 1024)])

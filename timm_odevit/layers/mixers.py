@@ -491,12 +491,12 @@ class SeparableGaussianMixer(nn.Module):
         return gy, gx, self.mix_logits.to(dtype).softmax(dim=-1)
 
     def mixing_path(self, grid_size: Tuple[int, int], batch_size: int) -> str:
-        """The path a call on this grid and batch takes. ``'auto'``: the N x N operator up to
-        ``OPERATOR_MAX_PATCHES`` patches (one bmm; measured faster there, docs/benchmark.md); above it the fused op
-        (``separable_mix``: the Triton kernel on CUDA, two matmuls per head elsewhere) for inference, and for
-        training where the Triton kernel runs; else the accumulate path (nothing value-sized kept for backward, no
-        K-fold intermediate). An explicit ``mixing`` (e.g. ``ssog_mixing='accumulate'``) is the switch that keeps a
-        model off the Triton kernel."""
+        """The path a call on this grid and batch takes (the batch does not change it today). ``'auto'``: the N x N
+        operator up to ``OPERATOR_MAX_PATCHES`` patches (one bmm; measured faster there, docs/benchmark.md); above
+        it the fused op (``separable_mix``: the Triton kernel on CUDA, two matmuls per head elsewhere) for
+        inference, and for training where the Triton kernel runs; else the accumulate path (nothing value-sized kept
+        for backward, no K-fold intermediate). An explicit ``mixing`` (e.g. ``ssog_mixing='accumulate'``) is the
+        switch that keeps a model off the Triton kernel."""
         if self.mixing != 'auto':
             return self.mixing
         if grid_size[0] * grid_size[1] <= OPERATOR_MAX_PATCHES:

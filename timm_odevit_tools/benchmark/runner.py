@@ -286,7 +286,7 @@ def count_gmacs(
     x = torch.randn(1, model.in_chans, img_size, img_size, device=device, dtype=dtype)
     model.eval()
     # the math backend: the fused CPU attention kernel has no flop formula and would count as zero; the in-place
-    # batched matmul-add has none either (torch scores only the out-of-place baddbmm)
+    # batched matmul-add and the separable mixing op have none either (IN_PLACE_FLOPS gives them theirs)
     with torch.inference_mode(), sdpa_kernel(SDPBackend.MATH), \
             FlopCounterMode(display=False, custom_mapping=IN_PLACE_FLOPS) as counter:
         model(x)
@@ -325,7 +325,16 @@ def _baddbmm_flops(self_shape, a_shape, b_shape, *args, out_shape=None, **kwargs
     return 2 * batch * m * k * b_shape[-1]
 
 
-IN_PLACE_FLOPS = {torch.ops.aten.baddbmm_: _baddbmm_flops}
+def _separable_mix_flops(v_shape, gy_shape, gx_shape, height, width, *args, out_shape=None, **kwargs) -> int:
+    """Flops of ``separable_mix``, one op the counter cannot look into: per channel and image, every component's x
+    axis (H x W outputs of W multiply-adds) and y axis (H x W outputs of H), 2 per multiply-add."""
+    batch, _, channels = v_shape
+    return 2 * batch * channels * gy_shape[1] * height * width * (width + height)
+
+
+# ops torch's counter scores as zero: the in-place batched matmul-add, and our one-op separable mixing
+IN_PLACE_FLOPS = {torch.ops.aten.baddbmm_: _baddbmm_flops,
+                  torch.ops.timm_odevit.separable_mix: _separable_mix_flops}
 
 
 def case_gmacs(case: Case) -> float:
