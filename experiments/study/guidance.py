@@ -390,7 +390,7 @@ def guidance_report(root: Path) -> str:
     """``guidance.md`` of a comparison folder, from its committed data alone (no checkpoint, no model): the recipe
     and setup (``study.json``), each run's ``results.json`` (top-1, minutes) and ``full_test.json``, and the
     trajectory in ``guidance.csv`` (``write_guidance_report`` measures it). Runs the csv holds no trajectory for are
-    named below the trajectory table."""
+    named in the line above the trajectory table."""
     root = Path(root)
     runs = _both_arms(root)
     meta = json.loads((root / 'study.json').read_text())
