@@ -81,10 +81,10 @@ def _published_hub_name(name: str) -> bool:
     repo, _, revision = name.partition('@')
     if not repo.startswith(f'hf-hub:{ORG}/') or not (REPO_ROOT / 'weights' / repo.split('/', 1)[1]).is_dir():
         return False
-    shallow = subprocess.run(['git', 'rev-parse', '--is-shallow-repository'], capture_output=True, text=True)
     try:
         return not revision or bool(files_at(REPO_ROOT / 'weights', repo.split('/', 1)[1], revision))
     except RevisionError:
+        shallow = subprocess.run(['git', 'rev-parse', '--is-shallow-repository'], capture_output=True, text=True)
         return shallow.stdout.strip() == 'true'
 
 

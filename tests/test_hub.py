@@ -991,15 +991,6 @@ def _git(repo: Path, *args: str) -> subprocess.CompletedProcess:
     return subprocess.run(['git', '-C', str(repo), *args], capture_output=True, text=True, check=True)
 
 
-def _full_history() -> bool:
-    """Whether this checkout holds its git history (a clone with --depth does not)."""
-    if shutil.which('git') is None:
-        return False
-    shallow = subprocess.run(['git', '-C', str(REPO_ROOT), 'rev-parse', '--is-shallow-repository'],
-                             capture_output=True, text=True)
-    return shallow.returncode == 0 and shallow.stdout.strip() == 'false'
-
-
 def _checkout(path: Path) -> Path:
     path.mkdir(parents=True)
     _git(path, 'init', '-q')
