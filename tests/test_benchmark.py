@@ -211,14 +211,19 @@ def test_live_storage_tracker_sees_inside_the_separable_op_off_cuda():
     """The one-op mixing's per-head scratch counts (its CPU kernel is PyTorch code the tracker follows): a call
     peaks above its output and a head's K-fold result, and below the einsum path's K-fold intermediate of all heads,
     with the same output."""
-    from timm_odevit.layers.fused_mixer import separable_mix, separable_mix_reference
+    from timm_odevit.layers import SeparableGaussianMixer
+    from timm_odevit.layers.fused_mixer import separable_mix
+    from test_fused_mixer import separable_mix_reference
     B, H, W, heads, d, K = 1, 16, 16, 3, 16, 4
     v = torch.randn(d * heads, B, 1 + H * W).permute(1, 2, 0)  # channel-major, as the mixer passes it
-    gy, gx = torch.rand(heads, K, H, H), torch.rand(heads, K, W, W)
+    mixer = SeparableGaussianMixer(heads * d, heads, num_gaussians=K, mixing='fused')
+    with torch.no_grad():
+        factors = mixer.field_constants((H, W))['kernels'].tensors
+        gy, gx, mix = mixer.kernels((H, W))
     with torch.no_grad(), LiveStorageTracker() as fused:
-        out = separable_mix(v, gy, gx, H, W, True)
+        out = separable_mix(v, *factors, H, W, True)
     with torch.no_grad(), LiveStorageTracker() as einsum:
-        ref = separable_mix_reference(v, gy, gx, H, W, True)
+        ref = separable_mix_reference(v, gy * mix[..., None, None], gx, H, W, True)
     torch.testing.assert_close(out, ref)
     values = v.numel() * v.element_size()
     assert values + K * values // heads < fused.peak < einsum.peak

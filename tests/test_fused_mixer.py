@@ -10,14 +10,16 @@ import pytest
 import torch
 
 from timm_odevit.layers import SeparableGaussianMixer
-from timm_odevit.layers.fused_mixer import HAS_TRITON, separable_mix, separable_mix_by_head, separable_mix_reference
+from timm_odevit.layers.fused_mixer import (HAS_TRITON, einsum_mix, kernel_from_log_factors, separable_mix,
+                                            separable_mix_by_head)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # run in a child: TRITON_INTERPRET is read when a kernel is defined, at import, so it must be set before that
 INTERPRETED_CHECK = textwrap.dedent('''
     import torch
-    from timm_odevit.layers.fused_mixer import separable_mix_reference, separable_mix_triton
+    from timm_odevit.layers.fused_mixer import separable_mix_triton
+    from tests.test_fused_mixer import random_factors, separable_mix_reference
 
     TOLERANCE = {torch.float32: 1e-5, torch.bfloat16: 8e-3, torch.float16: 1e-3}  # relative, of the output norm
     torch.manual_seed(0)
@@ -28,25 +30,54 @@ INTERPRETED_CHECK = textwrap.dedent('''
     for B, H, W, P, heads, d, K, mean in cases:
         C = heads * d
         v = torch.randn(B, P + H * W, C, dtype=torch.float64)
-        gy, gx = torch.rand(heads, K, H, H, dtype=torch.float64), torch.rand(heads, K, W, W, dtype=torch.float64)
+        factors, gy, gx = random_factors(heads, K, H, W)
         grad = torch.randn_like(v)
         for dtype, tol in TOLERANCE.items():
-            args = [t.to(dtype) for t in (v, gy, gx)]
-            ref = separable_mix_reference(*[t.double() for t in args], H, W, mean)
-            out = separable_mix_triton(*args, H, W, mean)
+            vd = v.to(dtype)
+            ref = separable_mix_reference(vd.double(), gy, gx, H, W, mean)
+            out = separable_mix_triton(vd, *factors, H, W, mean)
             assert out.dtype == dtype and out.shape == v.shape
             err = ((out.double() - ref).norm() / ref.norm()).item()
             assert err < tol, (B, H, W, P, dtype, err)
             # the values' gradient, as the op's backward launches it: the mixing with transposed kernels
             g = grad.to(dtype)
-            vr = args[0].double().requires_grad_()
-            separable_mix_reference(vr, args[1].double(), args[2].double(), H, W, False).backward(g.double())
-            back = separable_mix_triton(g, args[1].transpose(-1, -2), args[2].transpose(-1, -2), H, W, False)
+            vr = vd.double().requires_grad_()
+            separable_mix_reference(vr, gy, gx, H, W, False).backward(g.double())
+            back = separable_mix_triton(g, *factors, H, W, False, True)
             patches = vr.grad[:, P:]
             err = ((back[:, P:].double() - patches).norm() / patches.norm()).item()
             assert err < tol and not back[:, :P].any(), (B, H, W, P, dtype, 'backward', err)
     print('checked', len(cases) * len(TOLERANCE))
 ''')
+
+
+def separable_mix_reference(v: torch.Tensor, gy: torch.Tensor, gx: torch.Tensor, height: int, width: int,
+                            mean_prefix: bool) -> torch.Tensor:
+    """The op in plain PyTorch from full kernels (the mixer's ``einsum_mix``), prefix rows included: what every
+    kernel of the op must equal."""
+    B, N, C = v.shape
+    heads = gy.shape[0]
+    num_prefix = N - height * width
+    vp = v[:, num_prefix:].reshape(B, height, width, heads, C // heads)
+    y = einsum_mix(vp, gx, gy).reshape(B, height * width, C)
+    if not num_prefix:
+        return y
+    prefix = v[:, num_prefix:].mean(dim=1, keepdim=True) if mean_prefix else v.new_zeros(B, 1, C)
+    return torch.cat([prefix.to(y.dtype).expand(B, num_prefix, C), y], dim=1)
+
+
+def random_factors(heads: int, K: int, H: int, W: int, dtype: torch.dtype = torch.float32):
+    """Log-Toeplitz factors (band_y, rows_y, band_x, rows_x) of random kernels, a fifth of every band below the
+    negligible weight (the op zeroes those entries), and the float64 kernels they expand to."""
+    factors = []
+    for n in (H, W):
+        band = -3 * torch.rand(heads, K, 2 * n - 1, dtype=dtype)  # weights in (0, 1], as a kernel's (float16's range)
+        band[..., ::5] = -800.  # below float64's negligible weight too
+        factors += [band, -torch.rand(heads, K, n, dtype=dtype)]
+    gy, gx = kernel_from_log_factors(*[t.double() for t in factors[:2]]), kernel_from_log_factors(
+        *[t.double() for t in factors[2:]])
+    assert (gy == 0).any() and (gx == 0).any()
+    return factors, gy, gx
 
 
 @pytest.mark.skipif(not HAS_TRITON, reason='Triton is not installed')
@@ -68,34 +99,55 @@ def test_per_head_kernel_equals_reference(dtype, tol, channel_major):
     torch.manual_seed(0)
     for B, H, W, P, heads, d, K, mean in [(1, 14, 14, 1, 3, 64, 4, True), (1, 7, 3, 11, 2, 24, 2, False),
                                           (3, 4, 5, 0, 2, 16, 3, True), (3, 6, 5, 2, 2, 16, 4, True)]:
-        v = torch.randn(B, P + H * W, heads * d, dtype=torch.float64)
-        gy, gx = torch.rand(heads, K, H, H, dtype=torch.float64), torch.rand(heads, K, W, W, dtype=torch.float64)
-        args = [t.to(dtype) for t in (v, gy, gx)]
+        v = torch.randn(B, P + H * W, heads * d, dtype=torch.float64).to(dtype)
+        factors, gy, gx = random_factors(heads, K, H, W)
         if channel_major:
-            args[0] = args[0].permute(2, 0, 1).contiguous().permute(1, 2, 0)
-        ref = separable_mix_reference(*[t.double() for t in args], H, W, mean)
-        out = separable_mix(*args, H, W, mean)
-        assert out.dtype == dtype and out.stride() == args[0].stride()
+            v = v.permute(2, 0, 1).contiguous().permute(1, 2, 0)
+        ref = separable_mix_reference(v.double(), gy, gx, H, W, mean)
+        out = separable_mix(v, *factors, H, W, mean)
+        assert out.dtype == dtype and out.stride() == v.stride()
         assert ((out.double() - ref).norm() / ref.norm()).item() < tol, (B, H, W, P, dtype)
-        torch.testing.assert_close(separable_mix_by_head(*args, H, W, mean), out, rtol=0, atol=0)
-        g = torch.randn_like(args[0])
-        back = separable_mix(g, args[1].transpose(-1, -2), args[2].transpose(-1, -2), H, W, False)
-        vr = args[0].double().requires_grad_()
-        separable_mix_reference(vr, args[1].double(), args[2].double(), H, W, False).backward(g.double())
+        torch.testing.assert_close(separable_mix_by_head(v, *factors, H, W, mean), out, rtol=0, atol=0)
+        g = torch.randn_like(v)
+        back = separable_mix(g, *factors, H, W, False, True)
+        vr = v.double().requires_grad_()
+        separable_mix_reference(vr, gy, gx, H, W, False).backward(g.double())
         assert ((back[:, P:].double() - vr.grad[:, P:]).norm() / vr.grad[:, P:].norm()).item() < tol
 
 
-@pytest.mark.parametrize('num_prefix,mean', [(0, True), (2, True), (3, False)])
-def test_op_autograd_fake_and_registration(num_prefix, mean):
+@pytest.mark.parametrize('num_prefix,mean,transpose', [(0, True, False), (2, True, True), (3, False, False)])
+def test_op_autograd_fake_and_registration(num_prefix, mean, transpose):
     """torch.library's own checks of the op (schema, fake tensor, autograd registration, compile), and its
-    backward against finite differences."""
+    backward against finite differences, for the values and the four kernel factors, kernels plain or transposed."""
     torch.manual_seed(0)
     H, W, heads, K = 3, 4, 2, 2
     v = torch.randn(2, num_prefix + H * W, heads * 3, dtype=torch.float64, requires_grad=True)
-    gy = torch.rand(heads, K, H, H, dtype=torch.float64, requires_grad=True)
-    gx = torch.rand(heads, K, W, W, dtype=torch.float64, requires_grad=True)
-    torch.library.opcheck(separable_mix, (v, gy, gx, H, W, mean))
-    assert torch.autograd.gradcheck(lambda *a: separable_mix(*a, H, W, mean), (v, gy, gx))
+    factors = [t.requires_grad_() for t in random_factors(heads, K, H, W, torch.float64)[0]]
+    torch.library.opcheck(separable_mix, (v, *factors, H, W, mean, transpose))
+    assert torch.autograd.gradcheck(lambda *a: separable_mix(*a, H, W, mean, transpose), (v, *factors))
+
+
+def test_kernel_factors_expand_to_the_kernels_and_are_what_the_fused_path_keeps():
+    """The fused op's factors are the mixer's kernels exactly (G^y weighted by the mixture), narrow, wide and shifted
+    far off the grid (the rows a shift leaves without their peak still sum to one), and they are all that a forward
+    keeps for the fused path: O(n) numbers per component, not the O(n^2) kernels."""
+    torch.manual_seed(0)
+    mixer = SeparableGaussianMixer(24, 3, num_gaussians=4, learn_offset=True, mixing='fused').eval()
+    with torch.no_grad():
+        mixer.log_sigma.copy_(torch.tensor([0.1, 0.5, 2., 9.]).log().expand(2, 3, 4))
+        mixer.offset.normal_(0, 5.)
+        mixer.mix_logits.normal_()
+    H, W = 9, 13
+    gy, gx, mix = mixer.kernels((H, W))
+    band_y, rows_y, band_x, rows_x, log_mix = mixer.kernel_factors((H, W))
+    torch.testing.assert_close(kernel_from_log_factors(band_y, rows_y + log_mix[..., None]), gy * mix[..., None, None],
+                               atol=1e-7, rtol=1e-5)
+    torch.testing.assert_close(kernel_from_log_factors(band_x, rows_x), gx, atol=1e-7, rtol=1e-5)
+    torch.testing.assert_close(gx.sum(-1), torch.ones(3, 4, W))
+    with torch.no_grad():
+        constants = mixer.field_constants((H, W), (1, 1 + H * W, 24))['kernels']
+    assert constants.path == 'fused'
+    assert sum(t.numel() for t in constants.tensors) == 3 * 4 * (3 * H - 1 + 3 * W - 1)
 
 
 def test_fused_path_compiles_into_one_graph_and_is_one_op():
@@ -115,7 +167,8 @@ def test_fused_path_compiles_into_one_graph_and_is_one_op():
     out.square().sum().backward()
     expected.square().sum().backward()
     torch.testing.assert_close(xi.grad, xr.grad)
-    torch.testing.assert_close(mixer.log_sigma.grad, ref.log_sigma.grad)
+    for name in ('log_sigma', 'offset', 'mix_logits'):
+        torch.testing.assert_close(getattr(mixer, name).grad, getattr(ref, name).grad)
     mixer.eval()
     with torch.no_grad():
         constants = mixer.field_constants((4, 5), x.shape)['kernels']

@@ -1,18 +1,18 @@
-"""The separable Gaussian mixing as one fused GPU kernel (Triton), registered as the custom op
-``torch.ops.timm_odevit.separable_mix``.
+"""The separable Gaussian mixing as one op, ``torch.ops.timm_odevit.separable_mix``: one fused Triton kernel on CUDA.
 
-``separable_mix(v, gy, gx, height, width, mean_prefix)`` takes the projected values ``v`` [B, N, C] (prefix tokens,
-then the H x W patches in row-major order), the pre-weighted kernels ``gy`` [heads, K, H, H] (a_k G^y_k) and ``gx``
-[heads, K, W, W], and returns [B, N, C]: every patch mixed as ``sum_k a_k G^y_k V G^x_k^T`` per head, every prefix
-token the mean of the patch values (``mean_prefix``) or zero. One op, one kernel launch on CUDA: all components and
-both axes in one pass over the values, the prefix rows written by the same launch. Elsewhere (the CPU) the op runs
-``separable_mix_by_head``: two matmuls and a copy per head, no K-fold intermediate of all heads, no kernel copied
-over channels. ``separable_mix_reference`` (einsum) is what both are checked against. The backward is the same
-mixing with transposed kernels for the values and two einsums for the kernels. ``torch.compile(fullgraph=True)``
-and ``torch.export`` see one op through its fake implementation.
+``separable_mix(v, band_y, rows_y, band_x, rows_x, height, width, mean_prefix, transpose)`` mixes the projected values
+``v`` [B, N, C] (prefix tokens, then the H x W patches row-major) as ``sum_k a_k G^y_k V G^x_k^T`` per head (kernels
+transposed with ``transpose``), each prefix token receiving the patch mean (``mean_prefix``) or zero. The kernels come
+as log-Toeplitz factors (``kernel_from_log_factors``), O(n) numbers per component where a kernel has n^2: a depth
+integrator keeps 36 KiB through a forward of a small model at 1024 px, not the kernels' 0.75 MiB.
 
-The kernel runs under ``TRITON_INTERPRET=1`` on CPU tensors too, which is how the tests check it without a GPU.
+On CUDA one launch does all components, both axes and the prefix rows in one pass over the values, the kernels
+expanded in registers; elsewhere ``separable_mix_by_head`` runs two matmuls per head. The backward is the same mixing
+with transposed kernels for the values and two einsums for the kernels; ``torch.compile(fullgraph=True)`` and
+``torch.export`` see one op through its fake implementation. Tests check both kernels against an einsum reference,
+the Triton one under ``TRITON_INTERPRET=1``.
 """
+import math
 import os
 from typing import Optional, Tuple
 
@@ -26,8 +26,28 @@ except ImportError:  # a CPU-only environment: the op runs its per-head kernel e
     triton = tl = None
     HAS_TRITON = False
 
-__all__ = ['separable_mix', 'separable_mix_by_head', 'separable_mix_reference', 'separable_mix_triton', 'einsum_mix',
-           'HAS_TRITON']
+__all__ = ['separable_mix', 'separable_mix_by_head', 'separable_mix_triton', 'einsum_mix', 'kernel_from_log_factors',
+           'negligible_weight', 'HAS_TRITON']
+
+
+def negligible_weight(dtype: torch.dtype) -> float:
+    """The kernel weight below which an entry cannot change a sum holding a weight near 1 (tiny / eps, 1e-31 in
+    float32). Gaussian tails underflow to subnormals, which CPUs compute 10-20x slower in ``exp`` and every matmul
+    that reads them; SSoG cuts its kernels here in their build dtype (float32 or float64), never in float16, whose
+    tiny / eps is 0.0625: most entries of a wide Gaussian lie below that."""
+    finfo = torch.finfo(dtype)
+    return finfo.tiny / finfo.eps
+
+
+def kernel_from_log_factors(band: torch.Tensor, rows: torch.Tensor, transpose: bool = False) -> torch.Tensor:
+    """Kernels [..., n, n] from log-Toeplitz factors ``band`` [..., 2n - 1], ``rows`` [..., n]: G[..., i, j] =
+    exp(rows[i] + band[i - j + n - 1]), entries below ``negligible_weight`` zeroed (transposed with ``transpose``).
+    Every row-normalised Gaussian is exactly this: ``band`` its logits, ``rows`` minus each row's log-sum-exp."""
+    n = rows.shape[-1]
+    # unfold: U[i, j'] = band[i + j'], a view; flipped, band[i + n - 1 - j]
+    logits = band.unfold(-1, n, 1).flip(-1).add_(rows[..., None])
+    g = logits.masked_fill_(logits < math.log(negligible_weight(logits.dtype)), -math.inf).exp_()
+    return g.transpose(-1, -2) if transpose else g
 
 
 def einsum_mix(vp: torch.Tensor, gx: torch.Tensor, gy: torch.Tensor) -> torch.Tensor:
@@ -44,32 +64,28 @@ def _mix_columns(vp: torch.Tensor, gx: torch.Tensor) -> torch.Tensor:
     return torch.einsum('hkvw,bywhd->bhkyvd', gx, vp)
 
 
-def separable_mix_reference(v: torch.Tensor, gy: torch.Tensor, gx: torch.Tensor, height: int, width: int,
-                            mean_prefix: bool) -> torch.Tensor:
-    """The mixing in plain PyTorch (``einsum_mix``), prefix rows included: what the fused kernel must equal."""
-    B, N, C = v.shape
-    heads = gy.shape[0]
-    num_prefix = N - height * width
-    vp = v[:, num_prefix:].reshape(B, height, width, heads, C // heads)
-    y = einsum_mix(vp, gx, gy).reshape(B, height * width, C)
-    if not num_prefix:
-        return y
-    prefix = v[:, num_prefix:].mean(dim=1, keepdim=True) if mean_prefix else v.new_zeros(B, 1, C)
-    return torch.cat([prefix.to(y.dtype).expand(B, num_prefix, C), y], dim=1)
-
-
 if HAS_TRITON:
     @triton.jit
-    def _separable_mix_kernel(
-            v_ptr, gy_ptr, gx_ptr, y_ptr, N, C, H, W, P, K, D, heads,
-            MEAN_PREFIX: tl.constexpr, IEEE: tl.constexpr, UPCAST: tl.constexpr, BI: tl.constexpr,
-            BW: tl.constexpr, BD: tl.constexpr,
-    ):
-        """Program (b, head, channel block) x (block of BI output rows, or the prefix program).
+    def _kernel_entries(band_ptr, rows_ptr, out_idx, src_idx, n, mask, TRANSPOSE: tl.constexpr,
+                        LOG_NEGLIGIBLE: tl.constexpr):
+        """G[out, src] (G^T with TRANSPOSE) from the log factors in float32: ``kernel_from_log_factors``."""
+        if TRANSPOSE:  # (the zero terms broadcast the row index to the mask's shape)
+            row, m = src_idx + 0 * out_idx, src_idx - out_idx + n - 1
+        else:
+            row, m = out_idx + 0 * src_idx, out_idx - src_idx + n - 1
+        logit = tl.load(band_ptr + m, mask=mask, other=0.) + tl.load(rows_ptr + row, mask=mask, other=0.)
+        return tl.where(mask & (logit >= LOG_NEGLIGIBLE), tl.exp(logit), 0.)
 
-        Rows block: for each component k, each source row y is mixed along x once (G^x_k [W, W] @ V[y] [W, BD], a
-        tensor-core dot) and added to every output row of the block with weight a_k G^y_k[i, y]. The prefix program
-        averages the patch values and writes them to the P prefix rows (zeros without MEAN_PREFIX)."""
+    @triton.jit
+    def _separable_mix_kernel(
+            v_ptr, band_y_ptr, rows_y_ptr, band_x_ptr, rows_x_ptr, y_ptr, N, C, H, W, P, K, D, heads,
+            MEAN_PREFIX: tl.constexpr, TRANSPOSE: tl.constexpr, LOG_NEGLIGIBLE: tl.constexpr, IEEE: tl.constexpr,
+            UPCAST: tl.constexpr, BI: tl.constexpr, BW: tl.constexpr, BD: tl.constexpr,
+    ):
+        """Program (b, head, channel block) x (block of BI output rows, or the prefix program). Rows block: per
+        component k, G^x_k expanded once, each source row y mixed along x once (G^x_k [W, W] @ V[y] [W, BD], a
+        tensor-core dot) and added to every output row i of the block with weight a_k G^y_k[i, y]. The prefix
+        program writes the patch mean (zeros without MEAN_PREFIX) to the P prefix rows."""
         pid = tl.program_id(0)
         row_block = tl.program_id(1)
         num_dblocks = tl.cdiv(D, BD)
@@ -98,25 +114,26 @@ if HAS_TRITON:
             g_mask = (w[:, None] < W) & (w[None, :] < W)
             for k in range(0, K):
                 hk = h * K + k
-                gxk = tl.load(gx_ptr + (hk * W + w[:, None]) * W + w[None, :], mask=g_mask, other=0.)
+                gxk = _kernel_entries(band_x_ptr + hk * (2 * W - 1), rows_x_ptr + hk * W, w[:, None], w[None, :], W,
+                                      g_mask, TRANSPOSE, LOG_NEGLIGIBLE)
                 for src in range(0, H):
                     vt = tl.load(v_base + (src * W + w[:, None]) * C + d[None, :], mask=vw_mask, other=0.)
                     if UPCAST:
-                        t = tl.dot(gxk.to(tl.float32), vt.to(tl.float32), input_precision='ieee')
+                        t = tl.dot(gxk.to(vt.dtype).to(tl.float32), vt.to(tl.float32), input_precision='ieee')
                     elif IEEE:
                         t = tl.dot(gxk, vt, input_precision='ieee')
                     else:
-                        t = tl.dot(gxk, vt)
-                    gyc = tl.load(gy_ptr + (hk * H + i) * H + src, mask=i < H, other=0.).to(tl.float32)
+                        t = tl.dot(gxk.to(vt.dtype), vt)
+                    gyc = _kernel_entries(band_y_ptr + hk * (2 * H - 1), rows_y_ptr + hk * H, i, src, H, i < H,
+                                          TRANSPOSE, LOG_NEGLIGIBLE)
                     acc += gyc[:, None, None] * t[None, :, :]
             out = y_base + ((P + i[:, None, None] * W + w[None, :, None]) * C + d[None, None, :])
             mask = (i[:, None, None] < H) & (w[None, :, None] < W) & dmask[None, None, :]
             tl.store(out, acc.to(y_ptr.dtype.element_ty), mask=mask)
 
 
-# Triton's interpreter (TRITON_INTERPRET=1, the tests' CPU run) computes a bfloat16 dot wrongly (numpy has no
-# bfloat16): there the operands go to float32 first, which gives what the GPU's bfloat16 dot with float32
-# accumulation gives (products of bfloat16 values are exact in float32)
+# Triton's interpreter (TRITON_INTERPRET=1, the tests' CPU run) computes a bfloat16 dot wrongly (numpy has none): there
+# the operands go to float32 first, as exact as the GPU's bfloat16 dot accumulating in float32
 _INTERPRETED = os.environ.get('TRITON_INTERPRET') == '1'
 
 
@@ -124,51 +141,52 @@ def _next_pow2(n: int, least: int = 16) -> int:
     return max(least, 1 << (max(n, 1) - 1).bit_length())
 
 
-def separable_mix_triton(v: torch.Tensor, gy: torch.Tensor, gx: torch.Tensor, height: int, width: int,
-                         mean_prefix: bool, block_rows: Optional[int] = None,
-                         block_channels: Optional[int] = None) -> torch.Tensor:
-    """Launch the fused kernel (on CUDA, or on the CPU under ``TRITON_INTERPRET=1``). Block sizes: 16 output rows
-    and up to 32 channels per program by default (powers of two, at least 16 for the tensor-core dot); a GPU's
-    best choice is measured by ``benchmarks/gpu/``."""
+def separable_mix_triton(v: torch.Tensor, band_y: torch.Tensor, rows_y: torch.Tensor, band_x: torch.Tensor,
+                         rows_x: torch.Tensor, height: int, width: int, mean_prefix: bool,
+                         transpose: bool = False) -> torch.Tensor:
+    """Launch the fused kernel (on CUDA, or on the CPU under ``TRITON_INTERPRET=1``), 16 output rows and up to 32
+    channels per program (powers of two, at least 16 for the tensor-core dot)."""
     if not HAS_TRITON:
-        raise RuntimeError('The fused SSoG mixer needs Triton (pip install triton); ssog_mixing="separable" or '
-                           '"accumulate" run without it.')
+        raise RuntimeError('The fused SSoG mixer needs Triton (pip install triton); ssog_mixing="accumulate" does not.')
     B, N, C = v.shape
-    heads, K = gy.shape[:2]
+    heads, K = band_y.shape[:2]
     D = C // heads
     out = torch.empty_like(v)  # the values' layout, as the fake implementation promises
-    v, gy, gx = v.contiguous(), gy.contiguous().to(v.dtype), gx.contiguous().to(v.dtype)
+    factors = [t.contiguous().float() for t in (band_y, rows_y, band_x, rows_x)]
+    v = v.contiguous()
     y = out if out.is_contiguous() else torch.empty_like(v)
-    bi = block_rows or 16
-    bd = block_channels or min(32, _next_pow2(D))
+    bi, bd = 16, min(32, _next_pow2(D))
     grid = (B * heads * triton.cdiv(D, bd), triton.cdiv(height, bi) + 1)
     _separable_mix_kernel[grid](
-        v, gy, gx, y, N, C, height, width, N - height * width, K, D, heads,
-        MEAN_PREFIX=mean_prefix, IEEE=v.dtype == torch.float32, UPCAST=_INTERPRETED and v.dtype == torch.bfloat16,
+        v, *factors, y, N, C, height, width, N - height * width, K, D, heads,
+        MEAN_PREFIX=mean_prefix, TRANSPOSE=transpose, LOG_NEGLIGIBLE=math.log(negligible_weight(torch.float32)),
+        IEEE=v.dtype == torch.float32, UPCAST=_INTERPRETED and v.dtype == torch.bfloat16,
         BI=bi, BW=_next_pow2(width), BD=bd)
     return out if y is out else out.copy_(y)
 
 
-def separable_mix_by_head(v: torch.Tensor, gy: torch.Tensor, gx: torch.Tensor, height: int, width: int,
-                          mean_prefix: bool) -> torch.Tensor:
-    """The op wherever no fused kernel runs (the CPU; CUDA without Triton), one head at a time: the x axis as one
-    matmul into that head's K-fold result, then the y axis contracted over (row, component) by a matmul whose kernel
-    is broadcast over the head's channels (a stride-0 batch, never copied). Nothing K-fold of all heads exists at
-    once. Channel-major values (the mixer passes its projection's [C, B * N] result as a [B, N, C] view) are read in
-    place; the result takes their layout."""
+def separable_mix_by_head(v: torch.Tensor, band_y: torch.Tensor, rows_y: torch.Tensor, band_x: torch.Tensor,
+                          rows_x: torch.Tensor, height: int, width: int, mean_prefix: bool,
+                          transpose: bool = False) -> torch.Tensor:
+    """The op wherever no fused kernel runs (the CPU; CUDA without Triton), one head at a time: its kernels expanded,
+    the x axis as one matmul into the head's K-fold result, the y axis contracted over (row, component) by a matmul
+    whose kernel is broadcast over the head's channels (a stride-0 batch, never copied). Channel-major values (the
+    mixer's projection's [C, B * N] as a [B, N, C] view) are read in place; the result takes their layout."""
     B, N, C = v.shape
-    heads, K, H, W = gy.shape[0], gy.shape[1], height, width
+    heads, K, H, W = band_y.shape[0], band_y.shape[1], height, width
     d, P = C // heads, N - height * width
     vt = v.permute(2, 0, 1).contiguous()  # [C, B, N]: no copy for channel-major values
     out = torch.empty_like(v)
     ot = out.permute(2, 0, 1)
     for h in range(heads):
         ch = slice(h * d, (h + 1) * d)
+        gx = kernel_from_log_factors(band_x[h], rows_x[h], transpose).to(v.dtype)
+        gy = kernel_from_log_factors(band_y[h], rows_y[h], transpose).to(v.dtype)
         # rows (channel, image, row i), columns (k, j'): a plain matmul, 1.5x faster under bf16 than a bmm with a
         # broadcast kernel; it copies this head's patch values only where prefix tokens sit between them
-        t = torch.mm(vt[ch, :, P:].reshape(d * B * H, W), gx[h].permute(2, 0, 1).reshape(W, K * W))
-        gy_h = gy[h].permute(1, 2, 0).reshape(H, H * K).expand(d * B, H, H * K)  # [i, (i', k)]
-        ot[ch, :, P:].copy_(torch.bmm(gy_h, t.view(d * B, H * K, W)).view(d, B, H * W))
+        t = torch.mm(vt[ch, :, P:].reshape(d * B * H, W), gx.permute(2, 0, 1).reshape(W, K * W))
+        gy = gy.permute(1, 2, 0).reshape(H, H * K).expand(d * B, H, H * K)  # [i, (i', k)]
+        ot[ch, :, P:].copy_(torch.bmm(gy, t.view(d * B, H * K, W)).view(d, B, H * W))
         del t  # before the next head's: one head's K-fold result alive at a time
     if P:
         ot[:, :, :P] = vt[:, :, P:].mean(dim=-1, keepdim=True) if mean_prefix else 0.
@@ -176,57 +194,70 @@ def separable_mix_by_head(v: torch.Tensor, gy: torch.Tensor, gx: torch.Tensor, h
 
 
 @torch.library.custom_op('timm_odevit::separable_mix', mutates_args=())
-def separable_mix(v: torch.Tensor, gy: torch.Tensor, gx: torch.Tensor, height: int, width: int,
-                  mean_prefix: bool) -> torch.Tensor:
+def separable_mix(v: torch.Tensor, band_y: torch.Tensor, rows_y: torch.Tensor, band_x: torch.Tensor,
+                  rows_x: torch.Tensor, height: int, width: int, mean_prefix: bool,
+                  transpose: bool = False) -> torch.Tensor:
     """See the module docstring. This body serves every device without a kernel of its own."""
-    return separable_mix_by_head(v, gy, gx, height, width, mean_prefix)
+    return separable_mix_by_head(v, band_y, rows_y, band_x, rows_x, height, width, mean_prefix, transpose)
 
 
 if HAS_TRITON:
     @separable_mix.register_kernel('cuda')
-    def _separable_mix_cuda(v, gy, gx, height, width, mean_prefix):
-        return separable_mix_triton(v, gy, gx, height, width, mean_prefix)
+    def _separable_mix_cuda(v, band_y, rows_y, band_x, rows_x, height, width, mean_prefix, transpose=False):
+        return separable_mix_triton(v, band_y, rows_y, band_x, rows_x, height, width, mean_prefix, transpose)
 
 
 @separable_mix.register_fake
-def _separable_mix_fake(v, gy, gx, height, width, mean_prefix):
+def _separable_mix_fake(v, band_y, rows_y, band_x, rows_x, height, width, mean_prefix, transpose=False):
     return torch.empty_like(v)  # the layout of the values, as the CPU kernel returns it
 
 
 def _setup_context(ctx, inputs, output) -> None:
-    v, gy, gx, height, width, mean_prefix = inputs
-    ctx.save_for_backward(v, gy, gx)
-    ctx.grid = (height, width, mean_prefix)
+    ctx.save_for_backward(*inputs[:5])  # the values and the four factors
+    ctx.grid = inputs[5:]  # height, width, mean_prefix, transpose
+
+
+def _factor_gradients(grad_g: torch.Tensor, g: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+    """(band, rows) gradients from a kernel's: G[i, j] = exp(rows[i] + band[i - j + n - 1]) passes dL/dG * G to both,
+    summed along each diagonal for ``band``, along each row for ``rows``."""
+    n, p = g.shape[-1], grad_g * g
+    idx = torch.arange(n, device=g.device)
+    diagonal = (idx[:, None] - idx[None, :] + n - 1).flatten()
+    return p.new_zeros(*p.shape[:-2], 2 * n - 1).index_add_(-1, diagonal, p.flatten(-2)), p.sum(-1)
 
 
 def _backward(ctx, grad: torch.Tensor) -> Tuple[Optional[torch.Tensor], ...]:
-    """The mixing is linear in the values: their gradient is the same mixing with transposed kernels (the op
-    itself, so the fused kernel on CUDA), plus each prefix row's gradient spread evenly over the patches when the
-    prefix took their mean. The kernels' gradients contract the values with the output gradient, one axis mixed."""
-    v, gy, gx = ctx.saved_tensors
-    height, width, mean_prefix = ctx.grid
-    B, N, C = v.shape
-    heads = gy.shape[0]
+    """The mixing is linear in the values: their gradient is the op with transposed kernels, plus each prefix row's
+    gradient spread over the patches when the prefix took their mean. The kernels' gradients contract the values with
+    the output gradient, one axis mixed, and pass to the factors (``_factor_gradients``)."""
+    v, band_y, rows_y, band_x, rows_x = ctx.saved_tensors
+    height, width, mean_prefix, transpose = ctx.grid
+    (B, N, C), heads = v.shape, band_y.shape[0]
     num_prefix = N - height * width
     grad = grad.contiguous().to(v.dtype)
-    grad_v = grad_gy = grad_gx = None
+    grads = [None] * 9
     if ctx.needs_input_grad[0]:
-        grad_v = separable_mix(grad, gy.transpose(-1, -2), gx.transpose(-1, -2), height, width, False)
+        grad_v = separable_mix(grad, band_y, rows_y, band_x, rows_x, height, width, False, not transpose)
         if num_prefix:
             spread = grad[:, :num_prefix].sum(dim=1, keepdim=True) / (height * width) if mean_prefix else 0.
             grad_v = torch.cat([torch.zeros_like(grad_v[:, :num_prefix]), grad_v[:, num_prefix:] + spread], dim=1)
-    if ctx.needs_input_grad[1] or ctx.needs_input_grad[2]:
+        grads[0] = grad_v
+    if any(ctx.needs_input_grad[1:5]):
+        gy, gx = kernel_from_log_factors(band_y, rows_y), kernel_from_log_factors(band_x, rows_x)
+        # the kernels the forward applied, in the values' dtype; their gradients are the transposed kernels' ones
+        used_y, used_x = [(g.mT if transpose else g).to(v.dtype) for g in (gy, gx)]
         vp = v[:, num_prefix:].reshape(B, height, width, heads, C // heads)
         gp = grad[:, num_prefix:].reshape(B, height, width, heads, C // heads)
-        if ctx.needs_input_grad[1]:
+        if ctx.needs_input_grad[1] or ctx.needs_input_grad[2]:
             # dG^y_k[i, i'] = sum over (b, j, d) of dY[i, j] (V G^x_k^T)[i', j]
-            t = _mix_columns(vp, gx)
-            grad_gy = torch.einsum('buvhd,bhkyvd->hkuy', gp, t).to(gy.dtype)
-        if ctx.needs_input_grad[2]:
+            grad_gy = torch.einsum('buvhd,bhkyvd->hkuy', gp, _mix_columns(vp, used_x)).to(gy.dtype)
+            grads[1:3] = _factor_gradients(grad_gy.mT if transpose else grad_gy, gy)
+        if ctx.needs_input_grad[3] or ctx.needs_input_grad[4]:
             # dG^x_k[j, j'] = sum over (b, i', d) of (G^y_k^T dY)[i', j] V[i', j']
-            s = torch.einsum('hkuy,buvhd->bhkyvd', gy, gp)
+            s = torch.einsum('hkuy,buvhd->bhkyvd', used_y, gp)
             grad_gx = torch.einsum('bhkyvd,bywhd->hkvw', s, vp).to(gx.dtype)
-    return grad_v, grad_gy, grad_gx, None, None, None
+            grads[3:5] = _factor_gradients(grad_gx.mT if transpose else grad_gx, gx)
+    return tuple(grads)
 
 
 separable_mix.register_autograd(_backward, setup_context=_setup_context)

@@ -13,7 +13,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 from timm.layers import use_fused_attn
 
-from .fused_mixer import HAS_TRITON, einsum_mix, separable_mix
+from .fused_mixer import HAS_TRITON, einsum_mix, kernel_from_log_factors, negligible_weight, separable_mix
 from .linalg import spectral_norm
 
 __all__ = ['MultiHeadAttention', 'SeparableGaussianMixer', 'IdentityMixer', 'create_mixer', 'MIXERS']
@@ -182,15 +182,6 @@ def _mix_operator(x: torch.Tensor, v: nn.Linear, proj: nn.Linear, op_t: torch.Te
     return proj(yt.view(C, B * N).t()).view(B, N, C)
 
 
-def _negligible_weight(dtype: torch.dtype) -> float:
-    """The kernel weight below which an entry cannot change a sum that holds a weight near 1 (tiny / eps, 1e-31 in
-    float32). Gaussian tails underflow to subnormal floats, which CPUs compute 10-20x slower in ``exp`` and in every
-    matmul that reads them; both SSoG paths cut their kernels here, in the dtype they are built in (float32 or
-    float64), never in float16, whose tiny / eps is 0.0625: most entries of a wide Gaussian lie below that."""
-    finfo = torch.finfo(dtype)
-    return finfo.tiny / finfo.eps
-
-
 def _build_dtype(dtype: torch.dtype) -> torch.dtype:
     """Kernels are built in float32 (float64 for a float64 mixer), whatever the mixing runs in: float16 holds neither
     the logits of a narrow Gaussian nor its tails."""
@@ -206,27 +197,24 @@ def _mixing_dtype(param: torch.Tensor) -> torch.dtype:
 
 
 def _flush(g: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """Kernel entries below ``_negligible_weight`` zeroed in the build dtype, then cast to the mixing dtype."""
-    return g.masked_fill(g < _negligible_weight(g.dtype), 0.).to(dtype)
+    """Kernel entries below ``negligible_weight`` zeroed in the build dtype, then cast to the mixing dtype."""
+    return g.masked_fill(g < negligible_weight(g.dtype), 0.).to(dtype)
 
 
 class MixingConstants(NamedTuple):
-    """What one grid's fixed-kernel mixing needs from the kernel parameters alone, ready in the dtype the mixing
-    runs in: the path that will use them and its tensors (``SeparableGaussianMixer.field_constants``)."""
+    """What one grid's fixed-kernel mixing needs from the kernel parameters alone (``field_constants``): the path that
+    will use them and its tensors, kernels in the mixing dtype or the fused op's float32 factors."""
     path: str
     tensors: Tuple[torch.Tensor, ...]
 
 
-def gaussian_kernel_matrix(size: int, sigma: torch.Tensor, offset: torch.Tensor) -> torch.Tensor:
-    """Row-normalized 1-D Gaussian matrices G[..., i, j] ∝ exp(-(i - j - offset)^2 / (2 sigma^2)).
-
-    ``sigma`` and ``offset`` are in patch units with any leading shape; the result has that shape + (size, size).
-    Row normalization is a softmax over j, which stays finite however small sigma gets.
-    """
-    idx = torch.arange(size, device=sigma.device, dtype=sigma.dtype)
-    diff = idx[:, None] - idx[None, :]  # i - j
-    logits = -(diff - offset[..., None, None]) ** 2 / (2 * sigma[..., None, None] ** 2)
-    return logits.softmax(dim=-1)
+def gaussian_log_factors(size: int, sigma: torch.Tensor, offset: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Row-normalized 1-D Gaussians G[..., i, j] ∝ exp(-(i - j - offset)^2 / (2 sigma^2)), ``sigma`` and ``offset`` in
+    patches (any leading shape), as log-Toeplitz factors (``kernel_from_log_factors``): ``band`` the logits of i - j =
+    1 - size..size - 1, ``rows`` minus each row's log-sum-exp (rows sum to one however small sigma gets)."""
+    d = torch.arange(1 - size, size, device=sigma.device, dtype=sigma.dtype)  # i - j
+    band = -(d - offset[..., None]) ** 2 / (2 * sigma[..., None] ** 2)
+    return band, -band.unfold(-1, size, 1).logsumexp(dim=-1)  # row i reads band[i:i + size]
 
 
 # bounds of the steered residuals: centre offsets in patches, log-widths (x4 either way), mixture logits
@@ -242,7 +230,7 @@ def _normalised_gaussians(size: int, out_index: torch.Tensor, log_sigma: torch.T
 
     Cheaper than a softmax of the logits: these are multiply-adds in d = i - j (small where the weights are
     large, so no precision is lost), and their row maximum, which a softmax would search for, is known: the
-    integer d nearest the centre. Logits are clamped at the log of ``_negligible_weight`` (the row's largest
+    integer d nearest the centre. Logits are clamped at the log of ``negligible_weight`` (the row's largest
     weight is 1), so no weight is subnormal."""
     a = 0.5 * torch.exp(-2 * log_sigma)  # 1 / (2 sigma^2)
     # the row maximum sits at the d in [i - size + 1, i] nearest the centre: shift it to 0 (it cancels in the
@@ -251,7 +239,7 @@ def _normalised_gaussians(size: int, out_index: torch.Tensor, log_sigma: torch.T
     shift = a * ((nearest - offset) ** 2 - offset ** 2)
     d = out_index[..., None] - torch.arange(size, device=a.device, dtype=a.dtype)
     g = ((2 * a * offset)[..., None] * d).addcmul_(a[..., None], d * d, value=-1).add_(shift[..., None])
-    g = g.clamp_min_(math.log(_negligible_weight(a.dtype))).exp_()
+    g = g.clamp_min_(math.log(negligible_weight(a.dtype))).exp_()
     return g.div_(g.sum(-1, keepdim=True))
 
 
@@ -480,15 +468,17 @@ class SeparableGaussianMixer(nn.Module):
                 self.steer_gate.fill_(-8.)  # softplus(-8) = 3e-4: the steering opens as it learns
 
     def kernels(self, grid_size: Tuple[int, int]) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(G^y [heads, K, H, H], G^x [heads, K, W, W], mixture weights [heads, K]) for a grid, built in float32
-        (float64 for a float64 mixer) whatever the parameters' dtype."""
-        H, W = grid_size
+        """(G^y [heads, K, H, H], G^x [heads, K, W, W], mixture weights [heads, K]) for a grid (``kernel_factors``)."""
+        band_y, rows_y, band_x, rows_x, log_mix = self.kernel_factors(grid_size)
+        return kernel_from_log_factors(band_y, rows_y), kernel_from_log_factors(band_x, rows_x), log_mix.exp()
+
+    def kernel_factors(self, grid_size: Tuple[int, int]) -> Tuple[torch.Tensor, ...]:
+        """The kernels' log-Toeplitz factors (band_y, rows_y, band_x, rows_x; ``gaussian_log_factors``) and the log
+        mixture weights [heads, K], built in float32 (float64 for a float64 mixer) whatever the parameters' dtype."""
         dtype = _build_dtype(self.log_sigma.dtype)
-        sigma = self.log_sigma.to(dtype).exp()
-        offset = self.offset.to(dtype)
-        gy = gaussian_kernel_matrix(H, sigma[0], offset[0])
-        gx = gaussian_kernel_matrix(W, sigma[1], offset[1])
-        return gy, gx, self.mix_logits.to(dtype).softmax(dim=-1)
+        sigma, offset = self.log_sigma.to(dtype).exp(), self.offset.to(dtype)
+        return (*gaussian_log_factors(grid_size[0], sigma[0], offset[0]),
+                *gaussian_log_factors(grid_size[1], sigma[1], offset[1]), self.mix_logits.to(dtype).log_softmax(-1))
 
     def mixing_path(self, grid_size: Tuple[int, int], batch_size: int) -> str:
         """The path a call on this grid and batch takes (the batch does not change it today). ``'auto'``: the N x N
@@ -530,10 +520,13 @@ class SeparableGaussianMixer(nn.Module):
         no_autocast = torch.autocast(device_type, enabled=False) if torch.amp.is_autocast_available(device_type) \
             else contextlib.nullcontext()
         with no_autocast:  # built in float32, cast once at the end
-            gy, gx, mix = self.kernels(grid_size)
-            if path == 'operator':
-                tensors = (_flush(_token_operator_t(gy, gx, mix, num_prefix, mean), dtype),)
+            if path == 'fused':  # O(n) factors, kept in float32: the op expands a head's kernels where it uses them
+                band_y, rows_y, band_x, rows_x, log_mix = self.kernel_factors(grid_size)
+                tensors = (band_y, rows_y + log_mix[..., None], band_x, rows_x)
+            elif path == 'operator':
+                tensors = (_flush(_token_operator_t(*self.kernels(grid_size), num_prefix, mean), dtype),)
             else:
+                gy, gx, mix = self.kernels(grid_size)
                 tensors = (_flush(gy * mix[..., None, None], dtype), _flush(gx, dtype))
         constants = MixingConstants(path, tensors)
         if cache:
@@ -583,11 +576,11 @@ class SeparableGaussianMixer(nn.Module):
         path, tensors = kernels
         if path == 'operator':
             return self.proj_drop(_mix_operator(x, self.v, self.proj, *tensors))
-        gy, gx = tensors
         if path == 'fused':
             # off the Triton kernel the op reads channel-major values in place: the projection's [C, B * N], viewed
             v = self.v(x) if x.is_cuda and HAS_TRITON else _projected_t(x, self.v).t().view(B, N, C)
-            return self.proj_drop(self.proj(separable_mix(v, gy, gx, H, W, self.prefix_mixing == 'mean')))
+            return self.proj_drop(self.proj(separable_mix(v, *tensors, H, W, self.prefix_mixing == 'mean')))
+        gy, gx = tensors
         v = self.v(x)
         vp = v[:, num_prefix:].reshape(B, H, W, self.num_heads, self.head_dim)
         if path == 'accumulate':

@@ -325,11 +325,13 @@ def _baddbmm_flops(self_shape, a_shape, b_shape, *args, out_shape=None, **kwargs
     return 2 * batch * m * k * b_shape[-1]
 
 
-def _separable_mix_flops(v_shape, gy_shape, gx_shape, height, width, *args, out_shape=None, **kwargs) -> int:
+def _separable_mix_flops(v_shape, band_y_shape, rows_y_shape, band_x_shape, rows_x_shape, height, width, *args,
+                         out_shape=None, **kwargs) -> int:
     """Flops of ``separable_mix``, one op the counter cannot look into: per channel and image, every component's x
-    axis (H x W outputs of W multiply-adds) and y axis (H x W outputs of H), 2 per multiply-add."""
+    axis (H x W outputs of W multiply-adds) and y axis (H x W outputs of H), 2 per multiply-add (the expansion of
+    the kernels from their factors, O(K (H^2 + W^2)) per head, is left out as the softmax of attention is)."""
     batch, _, channels = v_shape
-    return 2 * batch * channels * gy_shape[1] * height * width * (width + height)
+    return 2 * batch * channels * band_y_shape[1] * height * width * (width + height)
 
 
 # ops torch's counter scores as zero: the in-place batched matmul-add, and our one-op separable mixing
