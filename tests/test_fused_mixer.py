@@ -127,10 +127,11 @@ def test_op_autograd_fake_and_registration(num_prefix, mean, transpose):
     assert torch.autograd.gradcheck(lambda *a: separable_mix(*a, H, W, mean, transpose), (v, *factors))
 
 
-def test_kernel_factors_expand_to_the_kernels_and_are_what_the_fused_path_keeps():
-    """The fused op's factors are the mixer's kernels exactly (G^y weighted by the mixture), narrow, wide and shifted
-    far off the grid (the rows a shift leaves without their peak still sum to one), and they are all that a forward
-    keeps for the fused path: O(n) numbers per component, not the O(n^2) kernels."""
+def test_kernel_factors_are_the_softmax_gaussians_and_all_the_fused_path_keeps():
+    """The mixer's kernels, from their log-Toeplitz factors, equal row-wise softmaxes of the Gaussian logits computed
+    here in float64, narrow, wide and with centres shifted far off the grid (rows that a shift leaves without their
+    peak included), and the fused path's constants (G^y weighted by the mixture) expand to the same; those factors are
+    all that a forward keeps for it: O(n) numbers per component, not the O(n^2) kernels."""
     torch.manual_seed(0)
     mixer = SeparableGaussianMixer(24, 3, num_gaussians=4, learn_offset=True, mixing='fused').eval()
     with torch.no_grad():
@@ -138,15 +139,23 @@ def test_kernel_factors_expand_to_the_kernels_and_are_what_the_fused_path_keeps(
         mixer.offset.normal_(0, 5.)
         mixer.mix_logits.normal_()
     H, W = 9, 13
-    gy, gx, mix = mixer.kernels((H, W))
-    band_y, rows_y, band_x, rows_x, log_mix = mixer.kernel_factors((H, W))
-    torch.testing.assert_close(kernel_from_log_factors(band_y, rows_y + log_mix[..., None]), gy * mix[..., None, None],
-                               atol=1e-7, rtol=1e-5)
-    torch.testing.assert_close(kernel_from_log_factors(band_x, rows_x), gx, atol=1e-7, rtol=1e-5)
-    torch.testing.assert_close(gx.sum(-1), torch.ones(3, 4, W))
+    sigma, offset = mixer.log_sigma.detach().double().exp(), mixer.offset.double()
+    expected = []
+    for axis, n in enumerate((H, W)):
+        i = torch.arange(n, dtype=torch.float64)
+        centre = i[:, None] - offset[axis, ..., None, None]  # i - offset, against j
+        logits = -(centre - i) ** 2 / (2 * sigma[axis, ..., None, None] ** 2)
+        expected.append(logits.softmax(-1).float())
+    mix = mixer.mix_logits.detach().softmax(-1)[..., None, None]
     with torch.no_grad():
+        gy, gx, kernel_mix = mixer.kernels((H, W))
         constants = mixer.field_constants((H, W), (1, 1 + H * W, 24))['kernels']
+    assert (offset.abs() > 4).any()  # centres shifted so far that some rows' peaks lie outside the grid
+    for got, want in ((gy, expected[0]), (gx, expected[1]), (kernel_mix[..., None, None], mix)):
+        torch.testing.assert_close(got, want, atol=1e-7, rtol=1e-5)
     assert constants.path == 'fused'
+    torch.testing.assert_close(kernel_from_log_factors(*constants.tensors[:2]), expected[0] * mix, atol=1e-7, rtol=1e-5)
+    torch.testing.assert_close(kernel_from_log_factors(*constants.tensors[2:]), expected[1], atol=1e-7, rtol=1e-5)
     assert sum(t.numel() for t in constants.tensors) == 3 * 4 * (3 * H - 1 + 3 * W - 1)
 
 
