@@ -520,14 +520,14 @@ class SeparableGaussianMixer(nn.Module):
         no_autocast = torch.autocast(device_type, enabled=False) if torch.amp.is_autocast_available(device_type) \
             else contextlib.nullcontext()
         with no_autocast:  # built in float32, cast once at the end
-            if path == 'fused':  # O(n) factors, kept in float32: the op expands a head's kernels where it uses them
-                band_y, rows_y, band_x, rows_x, log_mix = self.kernel_factors(grid_size)
-                tensors = (band_y, rows_y + log_mix[..., None], band_x, rows_x)
-            elif path == 'operator':
+            if path == 'operator':
                 tensors = (_flush(_token_operator_t(*self.kernels(grid_size), num_prefix, mean), dtype),)
             else:
-                gy, gx, mix = self.kernels(grid_size)
-                tensors = (_flush(gy * mix[..., None, None], dtype), _flush(gx, dtype))
+                band_y, rows_y, band_x, rows_x, log_mix = self.kernel_factors(grid_size)
+                factors = (band_y, rows_y + log_mix[..., None], band_x, rows_x)  # G^y weighted by the mixture
+                # fused: the O(n) float32 factors, expanded per head where used; the others: the kernels, cut, cast
+                tensors = factors if path == 'fused' else tuple(
+                    kernel_from_log_factors(*factors[i:i + 2]).to(dtype) for i in (0, 2))
         constants = MixingConstants(path, tensors)
         if cache:
             self._constants_cache = (key, constants)
