@@ -60,7 +60,7 @@ def bundle_files() -> dict:
     manifest_path = weights / 'MANIFEST.json'
     if manifest_path.is_file():
         files = json.loads(manifest_path.read_text()).get('files', {})
-        own = {k: v for k, v in files.items() if k.split('/')[0] in c['BUNDLED_REPOS'] and (weights / k).is_file()}
+        own = {k: v for k, v in files.items() if (weights / k).is_file()}
         if own:
             for rel in own:
                 out[pkg / 'weights' / rel] = weights / rel

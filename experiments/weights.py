@@ -10,6 +10,8 @@ import sys
 from pathlib import Path
 from typing import List, Optional
 
+from timm_odevit_tools.cli import run_command
+
 
 def main(argv: Optional[List[str]] = None) -> int:
     p = argparse.ArgumentParser(prog='python -m experiments.weights', description=__doc__,
@@ -71,4 +73,4 @@ def main(argv: Optional[List[str]] = None) -> int:
 
 
 if __name__ == '__main__':
-    sys.exit(main())
+    sys.exit(run_command(main, 'python -m experiments.weights'))

@@ -644,13 +644,13 @@ def test_remeasure_rerenders_a_folder_at_the_solver_it_trained_with(tmp_path):
 
 
 def test_demo_prints_top1_through_mirror(capsys):
-    from timm_odevit_tools.hub.demo import BUNDLED_REPOS, DEFAULT_MODEL, main
-    # setup.py bundles exactly the weights the demo's untagged name resolves to (test_untagged_name_... above)
-    assert BUNDLED_REPOS == tuple(r for r in REPOS if r.split('.')[0] == DEFAULT_MODEL)
+    from timm_odevit_tools.hub.demo import DEFAULT_MODEL, DEFAULT_REPO, main
+    # the weights the demo's untagged name resolves to (test_untagged_name_... above)
+    assert (DEFAULT_REPO,) == tuple(r for r in REPOS if r.split('.')[0] == DEFAULT_MODEL)
     assert main() == 0
     out = capsys.readouterr().out
     assert f">>> timm.create_model('{DEFAULT_MODEL}', pretrained=True)" in out
-    sample = _card_sample_top1(BUNDLED_REPOS[0])
+    sample = _card_sample_top1(DEFAULT_REPO)
     assert f'top-1 on the bundled sample {100 * sample[0] / sample[1]:.2f}% ({sample[0]}/{sample[1]})' in out
     assert 'HEAD' in out and 'GET' in out and 'model.safetensors' in out
 

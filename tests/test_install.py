@@ -4,6 +4,7 @@ A copy of the source tree is installed with ``pip install --no-deps --no-build-i
 environment that sees the testing environment's torch and timm (a ``.pth`` file); ``python -m timm_odevit --sizes tiny``
 then runs from an empty folder with a fresh HF_HOME and cache, so nothing of the checkout can be read by accident.
 """
+import json
 import os
 import re
 import shutil
@@ -14,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from timm_odevit_tools.hub.demo import BUNDLE_DIR, BUNDLED_REPOS, DEFAULT_MODEL
+from timm_odevit_tools.hub.demo import BUNDLE_DIR, DEFAULT_MODEL, DEFAULT_REPO
 from experiments.tables import weight_facts
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -78,15 +79,16 @@ def test_main_command_runs_from_a_normal_install(installed):
     # a broken shared data cache must not break the first command a user types (issue 14, item 10)
     _poison_data_cache(Path(env['XDG_CACHE_HOME']))
     assert REPO_ROOT not in pkg.parents and 'site-packages' in pkg.parts, f'not the installed copy: {pkg}'
-    assert sorted(p.name for p in (pkg / BUNDLE_DIR / 'weights').iterdir()) == sorted(
-        ['MANIFEST.json', *BUNDLED_REPOS])
+    published = {k.split('/')[0] for k in json.loads((REPO_ROOT / 'weights' / 'MANIFEST.json').read_text())['files']}
+    # every published weight ships with the package, so pretrained=True finds each one outside a checkout
+    assert sorted(p.name for p in (pkg / BUNDLE_DIR / 'weights').iterdir()) == sorted(['MANIFEST.json', *published])
     r = subprocess.run([str(python), '-m', 'timm_odevit', '--sizes', 'tiny'], capture_output=True, text=True,
                        timeout=900, env=env, cwd=str(work))
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert f">>> timm.create_model('{DEFAULT_MODEL}', pretrained=True)" in r.stdout
     assert f'Local Hub mirror over {pkg / BUNDLE_DIR / "weights"}' in r.stdout
     # the score the published card states for the sample, reached through the bundled copy
-    card = weight_facts(REPO_ROOT / 'weights' / BUNDLED_REPOS[0])
+    card = weight_facts(REPO_ROOT / 'weights' / DEFAULT_REPO)
     assert re.search(rf'top-1 on the bundled sample {re.escape(card["sample"])}% \(\d+/1000\)', r.stdout), r.stdout
     assert '| `ssog_ode_tiny` | ssog | ode |' in r.stdout and '_small`' not in r.stdout.split('| model |')[1]
     assert list(work.iterdir()) == [], 'the main command must not write into the working folder'
@@ -120,6 +122,39 @@ def test_headline_line_loads_offline_in_a_fresh_environment(installed):
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert 'ssog_ode_small fmnist_64px' in r.stdout
     assert 'loading the copy installed with timm_odevit' in r.stderr and BUNDLE_DIR in r.stderr
+
+
+def test_every_published_weight_loads_from_a_normal_install_by_each_name(installed):
+    """Each published weight by its plain name, its tag and its hf-hub: name, offline with an empty cache, from the
+    copies the wheel carries; a name that is not published fails at once, naming what is."""
+    python, env, work = installed
+    env = {k: v for k, v in env.items() if k != 'HF_HUB_OFFLINE'}
+    env.update(HTTPS_PROXY='http://127.0.0.1:9', HTTP_PROXY='http://127.0.0.1:9')
+    published = sorted({k.split('/')[0] for k in json.loads((REPO_ROOT / 'weights' / 'MANIFEST.json').read_text())[
+        'files']})
+    code = ("import sys, time, warnings, timm, torch\nwarnings.simplefilter('ignore')\n"
+            "for repo in sys.argv[1:]:\n"
+            "    arch = repo.split('.')[0]\n"
+            "    models = [timm.create_model(n, pretrained=True).eval() for n in (repo, 'hf-hub:timm-odevit/' + repo)]\n"
+            "    if timm.models.get_pretrained_cfg(arch).tag is None and timm.list_pretrained(arch + '.*')[0] == repo:\n"
+            "        models.append(timm.create_model(arch, pretrained=True).eval())\n"
+            "    x = torch.randn(1, *models[0].pretrained_cfg['input_size'])\n"
+            "    with torch.no_grad():\n"
+            "        assert all(torch.equal(models[0](x), m(x)) for m in models[1:]), repo\n"
+            "    assert timm.is_model_pretrained(arch), arch\n"
+            "    print(repo, len(models))\n"
+            "t = time.time()\n"
+            "try:\n"
+            "    timm.create_model('hf-hub:timm-odevit/ssog_vit_small.nothing', pretrained=True)\n"
+            "except RuntimeError as e:\n"
+            "    print('REFUSED', round(time.time() - t, 1), e)\n")
+    r = subprocess.run([str(python), '-c', code, *published], capture_output=True, text=True, timeout=900, env=env,
+                       cwd=str(work))
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert [line.split()[0] for line in r.stdout.splitlines()[:-1]] == published, r.stdout
+    refused = r.stdout.splitlines()[-1]
+    assert refused.startswith('REFUSED') and float(refused.split()[1]) < 5, refused
+    assert 'The weights this install carries: ' + ', '.join(published) in refused, refused
 
 
 def test_bundle_folder_is_named_alike_where_it_is_written_and_read():

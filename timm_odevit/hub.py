@@ -1,5 +1,5 @@
 """``python -m timm_odevit.hub``, as the published model cards name it: the Hub tools live in
 ``timm_odevit_tools.hub`` (docs/layout.md)."""
 if __name__ == '__main__':
-    from timm_odevit_tools.hub.__main__ import main
-    raise SystemExit(main())
+    from timm_odevit_tools.hub.__main__ import cli
+    raise SystemExit(cli())

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import List, Optional
 
 from .runs import STUDY_PAIRS, StudyRecipe, run_study, study_runs
+from timm_odevit_tools.cli import run_command
 
 DEFAULT_OUT = 'results/fmnist_study'
 DEFAULT_GUIDANCE_OUT = 'results/guidance'
@@ -141,4 +142,4 @@ def main(argv: Optional[List[str]] = None) -> int:
 
 
 if __name__ == '__main__':
-    sys.exit(main())
+    sys.exit(run_command(main, 'python -m experiments.study'))

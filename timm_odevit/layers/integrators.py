@@ -11,10 +11,15 @@ after the requested layers, and ``nfe`` holds the number of block evaluations of
 ODE trunk is a point of a uniform output grid over [0, T] (T = number of layers by default, so an Euler step of
 size 1 is exactly one looped block); the solver's own grid (method, steps) is independent of it and can be changed
 on a built model with ``set_solver``.
+
+A field trained on one fixed grid learns that grid, not an ODE: other solvers diverge on it. ``RandomSolvers`` draws a
+solver per training batch, and ``track_acceleration`` makes a solve keep the mean squared rate of change of the field
+along it (d2x/dt2 by finite differences of the evaluations the solve made anyway), a penalty of stiffness.
 """
 import contextlib
 import math
 import operator
+import random
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 import torch
@@ -25,7 +30,7 @@ from torchdiffeq import odeint, odeint_adjoint
 
 __all__ = [
     'DiscreteDepth', 'LoopedDepth', 'OdeDepth', 'OdeSolverError', 'FIXED_GRID_METHODS', 'ADAPTIVE_METHODS',
-    'RK_TABLEAUS', 'DISCRETISATION_OPTIONS', 'SOLVER_OPTIONS', 'ode_trunk',
+    'RK_TABLEAUS', 'DISCRETISATION_OPTIONS', 'SOLVER_OPTIONS', 'RandomSolvers', 'ode_trunk', 'parse_solver',
 ]
 
 ADAPTIVE_METHODS = ('dopri5', 'dopri8', 'bosh3', 'fehlberg2', 'adaptive_heun')
@@ -253,6 +258,9 @@ class OdeDepth(_DepthBase):
         # the solver grid is uniform over the interval as built; pruning shortens the interval, not the grid
         self.grid_end = self.t_end
         self.nfe_counts: Dict[str, int] = {'forward': 0, 'backward': 0}
+        self.track_acceleration = False
+        # the last fixed-grid solve's mean squared d2x/dt2 while track_acceleration (a graph output, never read here)
+        self.acceleration: Optional[torch.Tensor] = None
         self.set_solver(method=method, steps=num_layers if steps is None else steps, rtol=rtol, atol=atol,
                         adjoint=adjoint, max_nfe=max_nfe)
 
@@ -366,10 +374,16 @@ class OdeDepth(_DepthBase):
         out: List[torch.Tensor] = []
         j = 0
         y0 = x
+        k0: Optional[torch.Tensor] = None
+        accel = x.new_zeros((), dtype=torch.float32)
         for t0, t1 in zip(grid[:-1], grid[1:]):
             dt = t1 - t0
             last_input = y0
             k = [self._apply_block(self.block, y0, grid_size, constants)]
+            if self.track_acceleration and k0 is not None:
+                # sum of h * |(f(x_n+1) - f(x_n)) / h|^2: the integral of the squared second derivative
+                accel = accel + (k[0] - k0).float().pow(2).mean() / (t0 - prev_t0)
+            k0, prev_t0 = k[0], t0
             for row in a:
                 yi = y0
                 for aij, kj in zip(row, k):
@@ -387,6 +401,8 @@ class OdeDepth(_DepthBase):
                 j += 1
             y0 = y1
         self.nfe_counts['forward'] = self.nfe
+        if self.track_acceleration:
+            self.acceleration = accel / times[-1]
         return torch.stack(out), last_input
 
     def _solve_torchdiffeq(
@@ -471,6 +487,33 @@ class OdeDepth(_DepthBase):
     def extra_repr(self) -> str:
         return (f'num_layers={self.num_layers}, t_end={self.t_end}, method={self.method}, steps={self.steps}, '
                 f'rtol={self.rtol}, atol={self.atol}, adjoint={self.adjoint}, max_nfe={self.max_nfe}')
+
+
+def parse_solver(spec: str) -> Tuple[str, int]:
+    """``'rk4:6'`` as ``('rk4', 6)``: a fixed-grid Runge-Kutta method and its step count, or a ValueError naming the
+    spec and the choices."""
+    method, _, steps = str(spec).partition(':')
+    if method not in RK_TABLEAUS or not steps.strip().isdigit() or int(steps) < 1:
+        raise ValueError(f'solver {spec!r}: give method:steps with a method of {list(RK_TABLEAUS)} and a positive '
+                         "step count, e.g. 'rk4:6'.")
+    return method, int(steps)
+
+
+class RandomSolvers:
+    """Train an ODE trunk on many solvers: ``with sampler.drawn(trunk): loss = ...`` solves that batch with one
+    fixed-grid solver drawn uniformly from ``solvers`` and gives the trunk its own back afterwards (so validation and
+    export keep the training grid). Drawn on the host from its own seeded generator: nothing is read from the
+    device, and under torch.compile each solver of the set is one graph."""
+
+    def __init__(self, solvers: Sequence[str], seed: int = 0) -> None:
+        self.solvers = [parse_solver(s) for s in solvers]
+        if not self.solvers:
+            raise ValueError('RandomSolvers needs at least one solver, e.g. euler:12,midpoint:6,rk4:3.')
+        self.rng = random.Random(seed)
+
+    def drawn(self, trunk: 'OdeDepth') -> 'contextlib.AbstractContextManager[OdeDepth]':
+        method, steps = self.rng.choice(self.solvers)
+        return trunk.solver(method=method, steps=steps, max_nfe=max(trunk.max_nfe, steps * len(RK_TABLEAUS[method][1])))
 
 
 def _positive_int(name: str, value: Any) -> int:

@@ -18,7 +18,8 @@ from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 __all__ = ['ORG', 'hub_id', 'FMNIST_TAG', 'FMNIST_CFG', 'fmnist_input', 'fmnist_cfg', 'TAG_MODEL_ARGS',
            'tag_model_args', 'keep_untagged_default', 'pretrained_source', 'local_weights_roots', 'ENDPOINT_TIMEOUT',
-           'unreadable_weights_message']
+           'unreadable_weights_message', 'route_hf_hub_configs', 'check_local_weights',
+           'mark_published_architectures']
 
 # the one place the Hub organisation is named; every published hf_hub_id is built from it by hub_id()
 ORG = 'timm-odevit'
@@ -95,7 +96,7 @@ def keep_untagged_default(default_cfgs: Dict[str, Any]) -> Dict[str, Any]:
 
 def local_weights_roots() -> List[Path]:
     """Folders of published repos (``<arch>.<tag>/`` plus ``MANIFEST.json``) this install carries: the weights bundled
-    with the package (a wheel carries the default model's), and a checkout's ``weights/`` (all of them)."""
+    with the package (a wheel carries every published weight), and a checkout's ``weights/``."""
     package = Path(__file__).resolve().parents[1]
     candidates = (package / BUNDLE_DIR / 'weights', package.parent / 'weights')
     return [d for d in candidates if (d / 'MANIFEST.json').is_file()]
@@ -127,10 +128,7 @@ def _seed_hub_cache(hf_hub_id: str, folder: Path, entries: Dict[str, Any]) -> Pa
         if not target.is_file():
             tmp = target.with_name(f'.{target.name}.incomplete')
             shutil.copyfile(folder.parent / key, tmp)
-            with open(tmp, 'rb') as f:
-                digest = hashlib.file_digest(f, 'sha256').hexdigest() if hasattr(hashlib, 'file_digest') else \
-                    hashlib.sha256(f.read()).hexdigest()
-            if digest != entry['sha256']:
+            if _sha256(tmp) != entry['sha256']:
                 tmp.unlink()
                 raise RuntimeError(f'{folder.parent / key} is not the published file (its sha256 differs from '
                                    f"{folder.parent / 'MANIFEST.json'}'s): restore it (git checkout, or reinstall).")
@@ -143,12 +141,16 @@ def _seed_hub_cache(hf_hub_id: str, folder: Path, entries: Dict[str, Any]) -> Pa
 def _endpoint_problem(endpoint: str, hf_hub_id: str) -> Optional[str]:
     """Why a Hub endpoint cannot serve now (refused, unreachable, silent for ``ENDPOINT_TIMEOUT`` s), or None when it
     answers at all: one HEAD, where huggingface_hub would retry a dead endpoint for most of a minute."""
+    if urllib.parse.urlsplit(endpoint).scheme not in ('http', 'https'):
+        return 'not a URL: HF_ENDPOINT must start with http:// or https://'
     url = f'{endpoint.rstrip("/")}/{hf_hub_id}/resolve/main/config.json'
+    not_hub = 'it answers, but not as a Hugging Face Hub does (no X-Repo-Commit or X-Error-Code header)'
     try:
-        with urllib.request.urlopen(urllib.request.Request(url, method='HEAD'), timeout=ENDPOINT_TIMEOUT):
-            return None
-    except urllib.error.HTTPError:
-        return None  # it answered: what it answers is the Hub client's to report
+        with urllib.request.urlopen(urllib.request.Request(url, method='HEAD'), timeout=ENDPOINT_TIMEOUT) as r:
+            return None if r.headers.get('X-Repo-Commit') else not_hub
+    except urllib.error.HTTPError as e:
+        # it answered: a Hub's answer (a missing repo, say) is the Hub client's to report
+        return None if e.headers.get('X-Error-Code') or e.headers.get('X-Repo-Commit') else not_hub
     except (urllib.error.URLError, OSError) as e:
         reason = getattr(e, 'reason', e)
         return 'no answer within {:g} s'.format(ENDPOINT_TIMEOUT) if isinstance(reason, TimeoutError) or \
@@ -169,7 +171,11 @@ def _hub_offline() -> Iterator[None]:
 
 def _mirror_advice(repo: str, endpoint: Optional[str] = None, offline: bool = False) -> str:
     folder = f'weights/{repo}' if (Path('weights') / repo).is_dir() else f'<folder of {repo}>'
-    port = urllib.parse.urlsplit(endpoint).port if endpoint else None
+    try:
+        port = urllib.parse.urlsplit(endpoint).port if endpoint else None
+    except ValueError:
+        port = None
+    port = port if port and port >= 1024 else None  # a port below 1024 needs root: the mirror's default then
     serve = 'python -m timm_odevit_tools.hub serve' + (f' --port {port}' if port else '')
     start = 'Unset HF_HUB_OFFLINE and start' if offline else 'Start'
     return (f'{start} the local Hub mirror with `{serve}` (it prints the HF_ENDPOINT to set before Python starts), '
@@ -209,16 +215,19 @@ def pretrained_source(hf_hub_id: Optional[str], file: Optional[str] = None) -> I
             yield
             return
         if cached is None:
-            raise RuntimeError(f'The Hub endpoint HF_ENDPOINT={endpoint} does not answer ({problem}), and {hf_hub_id} '
+            raise RuntimeError(f'The Hub endpoint HF_ENDPOINT={endpoint} cannot serve ({problem}), and {hf_hub_id} '
                                f'is not in the Hugging Face cache. {_mirror_advice(repo, endpoint)}')
-        source = f'HF_ENDPOINT={endpoint} does not answer ({problem}): {hf_hub_id} loads from the Hugging Face cache'
+        source = f'HF_ENDPOINT={endpoint} cannot serve ({problem}): {hf_hub_id} loads from the Hugging Face cache'
     elif cached is not None:
         source = f'{hf_hub_id} loads from the Hugging Face cache (not on huggingface.co yet)'
     else:
         local = _local_repo(repo_id) if revision is None else None  # an install carries main only
         if local is None:
             why = 'HF_HUB_OFFLINE=1 allows no download' if constants.HF_HUB_OFFLINE else 'no local Hub mirror is set'
+            carried = sorted({k.split('/')[0] for root in local_weights_roots()
+                              for k in json.loads((root / 'MANIFEST.json').read_text()).get('files', {})})
             raise RuntimeError(f'{hf_hub_id} is not on huggingface.co yet, this install does not carry it, and {why}. '
+                               f'The weights this install carries: {", ".join(carried) or "none"}. '
                                f'{_mirror_advice(repo, offline=constants.HF_HUB_OFFLINE)}')
         snapshot = _seed_hub_cache(repo_id, *local)
         source = (f'{hf_hub_id} is not on huggingface.co yet: loading the copy installed with timm_odevit ({local[0]}),'
@@ -226,6 +235,65 @@ def pretrained_source(hf_hub_id: Optional[str], file: Optional[str] = None) -> I
     warnings.warn(source + '.', stacklevel=4)
     with _hub_offline():
         yield
+
+
+def check_local_weights(folder: str) -> None:
+    """A ``local-dir:`` folder is checked as the mirror checks it: where a ``MANIFEST.json`` in it or beside it lists
+    its files, each must have the sha256 listed there (a damaged copy is refused, naming the file)."""
+    folder_path = Path(folder)
+    for manifest in (folder_path / 'MANIFEST.json', folder_path.parent / 'MANIFEST.json'):
+        if not manifest.is_file():
+            continue
+        files = json.loads(manifest.read_text()).get('files', {})
+        prefix = '' if manifest.parent == folder_path else f'{folder_path.name}/'
+        for key, entry in files.items():
+            path = manifest.parent / key
+            if key.startswith(prefix) and path.is_file() and _sha256(path) != entry.get('sha256'):
+                raise RuntimeError(f'{path} is not the file {manifest} lists (its sha256 differs): the copy is damaged '
+                                   'or was changed; restore it (git checkout, or copy it again).')
+        return
+
+
+def _sha256(path: Path) -> str:
+    with open(path, 'rb') as f:
+        return hashlib.file_digest(f, 'sha256').hexdigest() if hasattr(hashlib, 'file_digest') else \
+            hashlib.sha256(f.read()).hexdigest()
+
+
+def mark_published_architectures() -> None:
+    """``timm.is_model_pretrained(arch)`` (and ``list_models(pretrained=True)``) true for each of our architectures
+    with a published tag: ``pretrained=True`` loads its first tag (create_depth_vit), while timm marks only the
+    default tag, which ``keep_untagged_default`` keeps weightless. timm has no public setter for that set."""
+    from timm.models import _registry
+    for name in list(_registry._model_has_pretrained):
+        if '.' in name and (_registry._model_pretrained_cfgs[name].hf_hub_id or '').startswith(f'{ORG}/'):
+            _registry._model_has_pretrained.add(name.split('.', 1)[0])
+
+
+def route_hf_hub_configs() -> None:
+    """Give timm's ``hf-hub:`` route the same handling as ``pretrained=True``: timm reads ``config.json`` of an
+    ``hf-hub:`` name before any builder of ours runs, so its loader is wrapped (once) to enter ``pretrained_source``
+    for our organisation's repos, and a ``config.json`` naming an architecture timm does not know is said as such."""
+    from timm.models import _factory
+    load = _factory.load_model_config_from_hf
+    if getattr(load, '_timm_odevit', False):
+        return
+
+    def load_config(model_id: str, *args: Any, **kwargs: Any) -> Any:
+        with pretrained_source(model_id if model_id.startswith(f'{ORG}/') else None):
+            out = load(model_id, *args, **kwargs)
+        _check_architecture(out[1], f'config.json of hf-hub:{model_id}')
+        return out
+    load_config._timm_odevit = True  # type: ignore[attr-defined]
+    _factory.load_model_config_from_hf = load_config
+
+
+def _check_architecture(arch: str, where: str) -> None:
+    from timm.models import is_model
+    if not is_model(arch):
+        raise RuntimeError(f'The {where} names the architecture {arch!r}, which timm does not know: fix its '
+                           '"architecture" field (timm_odevit registers odevit_*, ssog_*, looped_* and dense_vit_*; '
+                           "timm.list_models('*ssog*') lists them), or import the package that registers it first.")
 
 
 def unreadable_weights_message(cfg: Any, error: BaseException) -> str:

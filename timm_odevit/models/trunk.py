@@ -22,7 +22,7 @@ from timm.models.vision_transformer import global_pool_nlc
 from ..layers import (
     CenterNorm, DiscreteDepth, FieldBlock, LoopedDepth, OdeDepth, SeparableGaussianMixer, spectral_norm_estimate,
 )
-from .pretrained import pretrained_source, tag_model_args, unreadable_weights_message
+from .pretrained import check_local_weights, pretrained_source, tag_model_args, unreadable_weights_message
 
 __all__ = ['DepthVisionTransformer', 'create_depth_vit', 'checkpoint_filter_fn', 'depth_vit_cfg']
 
@@ -82,7 +82,9 @@ def check_image_input(
         raise ValueError(
             f'The model takes {dtype} images, got {x.dtype}. Cast the input (x.to({dtype})), cast the model '
             f'(model.to({x.dtype})), or run under torch.autocast.')
-    if check_finite and not x.is_meta:
+    if check_finite and x.device.type == 'cpu':
+        # on CPU the check costs no stall; on an accelerator it would be a device-side assert, which leaves the
+        # process unable to use the device again, so it is not made there (timm's models check nothing either)
         check_finite_async(x)
 
 
@@ -188,8 +190,8 @@ class DepthVisionTransformer(nn.Module):
             drop_path_rate: Stochastic depth (discrete and looped only: it would make an ODE field random).
             weight_init: 'spectral' (ODE-ViT: Xavier-normal, then divided by the largest singular value),
                 'xavier', or 'skip'.
-            check_finite: Refuse NaN/Inf pixels. On CPU a ValueError before any work; on other devices an
-                asynchronous device assert (``torch._assert_async``), so the check never stalls the host.
+            check_finite: Refuse NaN/Inf pixels with a ValueError before any work, on CPU (on an accelerator the
+                only checks that never stall the host are device-side asserts, which end the device context: none).
 
         Options of another mixer or depth setting (``num_gaussians`` on a dense model, ``ode_steps`` on a discrete
         one, ``attn_drop_rate`` without attention) raise TypeError, as unknown kwargs do: nothing is silently ignored.
@@ -527,6 +529,12 @@ def checkpoint_filter_fn(state_dict: Dict[str, torch.Tensor], model: DepthVision
         if key in state_dict and isinstance(state_dict[key], dict):
             state_dict = state_dict[key]
             break
+    bad = [k for k, v in state_dict.items() if torch.is_tensor(v) and v.is_floating_point() and not v.isfinite().all()]
+    if bad:
+        cfg = getattr(model, 'pretrained_cfg', None) or {}
+        where = cfg.get('file') or cfg.get('hf_hub_id') or 'the checkpoint'
+        raise RuntimeError(f'The pretrained weights from {where} hold NaN or Inf values ({len(bad)} tensors, e.g. '
+                           f'{bad[0]}): the file is damaged or was saved from a diverged run; get a good copy.')
     out = {}
     for k, v in state_dict.items():
         k = k[len('module.'):] if k.startswith('module.') else k
@@ -541,6 +549,10 @@ def checkpoint_filter_fn(state_dict: Dict[str, torch.Tensor], model: DepthVision
             v = resample_abs_pos_embed(
                 v, new_size=model.patch_embed.grid_size, old_size=(old_side, old_side), num_prefix_tokens=num_cls)
         out[k] = v
+    # a steered mixer starts as the fixed one: fixed weights load into it with its steering at its initial values
+    for k, v in model.state_dict().items():
+        if k not in out and k.rsplit('.', 1)[-1] in ('steer_gate', 'steer_weight'):
+            out[k] = v
     return out
 
 
@@ -574,6 +586,8 @@ def create_depth_vit(variant: str, pretrained: bool = False, **kwargs: Any) -> D
     if pretrained:
         cfg = resolve_pretrained_cfg(variant, kwargs.get('pretrained_cfg'), kwargs.get('pretrained_cfg_overlay'))
         source = pretrained_source(cfg.hf_hub_id, cfg.file)
+        if cfg.source == 'local-dir':
+            check_local_weights(cfg.file)
     out_indices = kwargs.pop('out_indices', 3)
     feature_cls = kwargs.get('feature_cls', 'getter')
     if kwargs.get('features_only') and feature_cls != 'getter' and kwargs.get('depth_mode', 'discrete') != 'discrete':

@@ -8,6 +8,8 @@ from typing import List, Optional
 import torch
 from tqdm import tqdm
 
+from ..cli import run_command
+
 from .runner import (
     ALL_VARIANTS, COMPILE_MODES, COMPILED_WARMUP, PRECISIONS, SETTINGS, SIZES, VARIANTS, BenchmarkConfigError, Case,
     absolute_table, markdown_table, measure_memory, memory_budget, parse_precision, plot, ratio_rows, read_csv,
@@ -151,4 +153,4 @@ def main(argv: Optional[List[str]] = None) -> int:
 
 
 if __name__ == '__main__':
-    sys.exit(main())
+    sys.exit(run_command(main, 'python -m timm_odevit_tools.benchmark'))

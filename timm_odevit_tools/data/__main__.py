@@ -4,6 +4,8 @@ import."""
 import argparse
 from typing import Optional, Sequence
 
+from ..cli import run_command
+
 from . import DEBIAN_FASHION_MNIST, SAMPLE_DIR, __doc__ as PACKAGE_DOC, layout_fashion_mnist, make_sample
 
 
@@ -29,4 +31,4 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
 
 
 if __name__ == '__main__':
-    main()
+    raise SystemExit(run_command(main, 'python -m timm_odevit_tools.data'))

@@ -3,6 +3,7 @@
 The tables and analyses of the published weights (table, elasticity, trajectory) are experiments:
 ``python -m experiments.weights`` from a checkout."""
 import argparse
+import difflib
 import json
 import logging
 import sys
@@ -10,6 +11,9 @@ from pathlib import Path
 from typing import List, Optional
 
 from . import ORG
+from ..cli import run_command
+
+PROG = 'python -m timm_odevit_tools.hub'
 
 
 def evaluate_folder(folder: str, data: str = 'sample', solver: Optional[str] = None) -> dict:
@@ -20,7 +24,13 @@ def evaluate_folder(folder: str, data: str = 'sample', solver: Optional[str] = N
     from .. import data as fm
     from ..evaluate import evaluate, parse_solver
     from timm_odevit.layers import ode_trunk
-    src = {'sample': fm.SAMPLE_DIR, 'full': fm.DEBIAN_FASHION_MNIST}.get(data, data)
+    sources = {'sample': fm.SAMPLE_DIR, 'full': fm.DEBIAN_FASHION_MNIST}
+    if data not in sources and not Path(data).is_dir():
+        near = difflib.get_close_matches(data, list(sources), n=1)
+        raise ValueError(f'--data {data}: no such folder' + (f'; did you mean {near[0]!r}?' if near else '.')
+                         + " Give 'sample' (the bundled 1,000 images), 'full' (the Fashion-MNIST test set) or a "
+                           'folder of Fashion-MNIST IDX files.')
+    src = sources.get(data, data)
     model = timm.create_model(f'local-dir:{Path(folder).resolve()}', pretrained=True)
     if solver:
         if ode_trunk(model) is None:
@@ -32,7 +42,7 @@ def evaluate_folder(folder: str, data: str = 'sample', solver: Optional[str] = N
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    p = argparse.ArgumentParser(prog='python -m timm_odevit_tools.hub', description=__doc__)
+    p = argparse.ArgumentParser(prog=PROG, description=__doc__)
     sub = p.add_subparsers(dest='cmd', required=True)
 
     e = sub.add_parser('export', help='export a checkpoint of python -m timm_odevit_tools.train to '
@@ -154,5 +164,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     return 0
 
 
+def cli(argv: Optional[List[str]] = None) -> int:
+    return run_command(main, PROG, argv)
+
+
 if __name__ == '__main__':
-    sys.exit(main())
+    sys.exit(cli())

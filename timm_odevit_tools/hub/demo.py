@@ -5,9 +5,9 @@ Starts the mirror in-process on a free loopback port, then runs the load in a fr
 pointing at it (huggingface_hub reads HF_ENDPOINT when it is imported, and timm imports it), a fresh ``HF_HOME`` and
 a temporary folder as working directory, exactly as a user would. Prints the requests the mirror saw and the top-1.
 
-What it serves and classifies ships with the package: ``pip install .`` copies the demo's weights folder and the
-sample into the library's ``timm_odevit/_bundled/`` (setup.py reads ``BUNDLE_DIR``, ``BUNDLED_REPOS`` and
-``SAMPLE_NAME`` below).
+What it serves and classifies ships with the package: ``pip install .`` copies every published weight (the folders
+``weights/MANIFEST.json`` lists, about 30 MB) and the sample into the library's ``timm_odevit/_bundled/`` (setup.py
+reads ``BUNDLE_DIR`` and ``SAMPLE_NAME`` below).
 An editable install or a plain checkout uses ``weights/`` and ``tests/data/`` of the checkout instead.
 """
 import os
@@ -22,14 +22,14 @@ from . import MANIFEST_FILE, ORG
 from timm_odevit.models.pretrained import local_weights_roots
 from .server import HubMirror
 
-__all__ = ['DEFAULT_MODEL', 'BUNDLE_DIR', 'BUNDLED_REPOS', 'SAMPLE_NAME', 'weights_root', 'sample_dir', 'hub_env',
+__all__ = ['DEFAULT_MODEL', 'DEFAULT_REPO', 'BUNDLE_DIR', 'SAMPLE_NAME', 'weights_root', 'sample_dir', 'hub_env',
            'main']
 
 # Plain literals: setup.py reads them with ast.literal_eval, without importing the package.
 DEFAULT_MODEL = 'ssog_ode_small'
 BUNDLE_DIR = '_bundled'
-# the repos the untagged DEFAULT_MODEL resolves to (models/pretrained.py); a test checks the resolution
-BUNDLED_REPOS = ('ssog_ode_small.fmnist_64px',)
+# the repo the untagged DEFAULT_MODEL resolves to (models/pretrained.py); a test checks the resolution
+DEFAULT_REPO = 'ssog_ode_small.fmnist_64px'
 SAMPLE_NAME = 'fashion_mnist_sample'
 
 _PACKAGE = Path(__file__).resolve().parents[2] / 'timm_odevit'  # the bundle belongs to the library's pretrained route

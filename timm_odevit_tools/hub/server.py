@@ -24,7 +24,7 @@ The folder holds ``<repo>/`` directories (``weights/<arch>.<tag>/``) and ``MANIF
 - Malformed requests (a NUL or undecodable byte in the path, a Range that does not parse or has absurd numbers) get
   400 or 416 with the reason, never a dropped connection.
 
-Only the standard library (``http.server``, threaded); binds to loopback only.
+Only the standard library (``http.server``, threaded); binds to loopback unless told another interface.
 """
 import errno
 import hashlib
@@ -43,7 +43,7 @@ from typing import Any, Dict, List, Optional, Tuple
 from urllib.parse import unquote, urlsplit
 
 from timm_odevit.models.pretrained import local_weights_roots
-from . import MANIFEST_FILE, ORG
+from . import CONFIG_FILE, MANIFEST_FILE, ORG
 from .revisions import RevisionError, files_at, published_revision, resolve_revision
 from .verify import EXPORT_FIX, RepoError, load_manifest, sha256_file, verify_repo
 
@@ -383,7 +383,7 @@ class HubMirror:
     Args:
         root: Folder of repo folders plus MANIFEST.json.
         port: TCP port on ``host`` (0: a free one).
-        host: A loopback address; anything else is refused.
+        host: The address to listen on: loopback (the default), or an interface a cluster reaches (warned).
         org: Organisation the repos are served under.
         verify: Refuse files failing the manifest/config/weights checks (on by default).
     """
@@ -393,12 +393,16 @@ class HubMirror:
         try:
             loopback = ipaddress.ip_address(host).is_loopback
         except ValueError:
-            raise ValueError(f'--host {host!r} is not an IP address; the mirror binds to loopback only: use 127.0.0.1.'
-                             ) from None
+            raise ValueError(f'--host {host!r} is not an IP address: give 127.0.0.1 (this machine only) or the '
+                             'address of the interface a cluster reaches this machine on.') from None
         if not loopback:
-            raise ValueError(f'The mirror binds to loopback only, got host {host!r}; use 127.0.0.1.')
+            _logger.warning('Serving on %s: every machine that reaches this interface can download these weights '
+                            '(read-only, no authentication). Use --host 127.0.0.1 to serve this machine only.', host)
         if not Path(root).is_dir():
             raise FileNotFoundError(f'{root} is not a folder of Hub repos (e.g. weights/).')
+        if not (Path(root) / MANIFEST_FILE).is_file() and not any(Path(root).glob(f'*/{CONFIG_FILE}')):
+            raise FileNotFoundError(f'{root} holds no Hub repos (no {MANIFEST_FILE}, no <repo>/{CONFIG_FILE}): give '
+                                    'the folder that holds the <arch>.<tag>/ folders, e.g. weights/.')
         if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
             raise ValueError(f'Port {port!r} is not a TCP port: give one in 0-65535 (0: a free one).')
         try:

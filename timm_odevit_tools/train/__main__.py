@@ -1,5 +1,5 @@
 """``python -m timm_odevit_tools.train --help``."""
-from .command import main
+from .command import cli
 
 if __name__ == '__main__':
-    main()
+    raise SystemExit(cli())

@@ -10,11 +10,13 @@ Multi-process: ``torchrun --nproc_per_node N -m timm_odevit_tools.train ...`` (D
 wrapped or updated).
 """
 import argparse
+import contextlib
 import csv
 import difflib
 import hashlib
 import json
 import logging
+import math
 import os
 import re
 import shlex
@@ -45,12 +47,14 @@ from timm.utils.distributed import init_distributed_device_so
 from ..data import FASHION_MNIST_MEAN, FASHION_MNIST_STD, DeviceBatches, augment_batch, build_dataset
 from timm_odevit.distill import (LOSS_KEYS, STATE_NORMS, TrajectoryDistillationTask, find_attention_module,
                                  indices_to_times)
+from ..cli import CommandFailed, run_command
 from ..evaluate import evaluate
 from ..files import write_failed
+from timm_odevit.layers import RandomSolvers, ode_trunk, parse_solver
 from timm_odevit.models import DepthVisionTransformer
 from .checkpoint import checkpoint_args, read_checkpoint, unreadable
 
-__all__ = ['parse_args', 'build_task', 'distillation_options', 'format_command', 'is_training_command', 'main',
+__all__ = ['cli', 'parse_args', 'build_task', 'distillation_options', 'format_command', 'is_training_command', 'main',
            'read_summary', 'recorded_args', 'PROG']
 
 _logger = logging.getLogger('timm_odevit_tools.train')
@@ -157,6 +161,14 @@ def _parser() -> argparse.ArgumentParser:
     g.add_argument('--model-ema', action='store_true', help="keep an EMA of the weights (timm's ModelEmaV3)")
     g.add_argument('--model-ema-decay', type=float, default=0.998)
     g.add_argument('--max-steps-per-epoch', type=int, default=None, help='cut each epoch short (smoke runs)')
+    g = p.add_argument_group('solver robustness (ODE models; docs/training.md#solver-robust-training)')
+    g.add_argument('--solvers', default=None, metavar='M:S,...',
+                   help="solve each training batch with a fixed-grid solver drawn from this list, e.g. "
+                        "'euler:6,euler:12,midpoint:6,rk4:3' (default: the model's own grid); validation and export "
+                        'keep the model\'s grid')
+    g.add_argument('--accel-weight', type=float, default=0.,
+                   help='weight of the field\'s mean squared d2x/dt2 along each solve (a stiffness penalty computed '
+                        'from the evaluations the solve makes anyway)')
     g = p.add_argument_group('run')
     g.add_argument('--amp', default='', choices=('', 'bf16'),
                    help='bf16: forward and loss under bfloat16 autocast (CPU or CUDA); weights stay fp32')
@@ -189,7 +201,7 @@ OPTION_RANGES: Dict[str, Tuple[Optional[float], Optional[float], bool, bool]] = 
                                           'distill_end_epoch')},
     **{k: (0, None, True, True) for k in ('workers', 'warmup_epochs', 'weight_decay', 'warmup_lr', 'min_lr',
                                           'clip_grad', 'state_weight', 'attn_weight', 'kd_weight', 'ce_weight',
-                                          'ce_start_epoch', 'jasmin_weight')},
+                                          'ce_start_epoch', 'jasmin_weight', 'accel_weight')},
     'lr': (0, None, True, True),  # 0 is torch's too: a stage that changes only what the schedule does not touch
     'kd_temperature': (0, None, False, True),
     'smoothing': (0, 1, True, False),
@@ -214,6 +226,8 @@ def _out_of_range(args: argparse.Namespace) -> Optional[str]:
         below = high is None or (value <= high if high_in else value < high)
         if not (above and below):  # NaN fails both
             return f'--{name.replace("_", "-")} must be {_range_text(low, high, low_in, high_in)}, got {value}.'
+        if not math.isfinite(value) and name != 'clip_grad':  # --clip-grad inf: no clipping, as timm's train.py
+            return f'--{name.replace("_", "-")} must be a finite number, got {value}.'
     for name, kind, text in (('times', float, "'uniform', 'paper' or comma-separated numbers (0.25,0.5,1)"),
                              ('time_indices', int, 'comma-separated integers (3,6,12)'),
                              ('teacher_indices', int, 'comma-separated integers (3,6,12), or n for the last n')):
@@ -223,6 +237,11 @@ def _out_of_range(args: argparse.Namespace) -> Optional[str]:
                 [kind(v) for v in value.split(',')]
             except ValueError:
                 return f'--{name.replace("_", "-")} must be {text}, got {value!r}.'
+    if args.solvers is not None:
+        try:
+            [parse_solver(v) for v in args.solvers.split(',')]
+        except ValueError as e:
+            return f'--solvers: {e}'
     if args.warmup_epochs >= args.epochs:
         return f'--warmup-epochs {args.warmup_epochs} must be shorter than the run (--epochs {args.epochs}).'
     return None
@@ -261,6 +280,8 @@ def parse_args(argv: Optional[Sequence[str]] = None, files: bool = True) -> argp
         if unused:
             p.error(f'{", ".join(unused)} steer trajectory distillation; --distill logit uses --kd-weight, '
                     '--kd-temperature and --ce-weight only.')
+    if args.device.startswith('cuda') and not torch.cuda.is_available():
+        p.error(f'--device {args.device}: this machine has no CUDA device torch can use; drop --device (the CPU).')
     if files:
         _check_files(p, args)
     # recorded in every checkpoint (CheckpointSaver keeps args): a card renders this command only for its own runs,
@@ -332,7 +353,15 @@ def format_command(args: Dict[str, Any], threads: Optional[int] = None) -> str:
 
 def build_task(args: argparse.Namespace, device: torch.device) -> torch.nn.Module:
     """The model and its task from the command line: classification alone, or distillation with ``--teacher``."""
-    model = timm.create_model(args.model, num_classes=args.num_classes, in_chans=args.in_chans, **args.model_kwargs)
+    try:
+        model = timm.create_model(args.model, num_classes=args.num_classes, in_chans=args.in_chans,
+                                  **args.model_kwargs)
+    except (TypeError, ValueError) as e:
+        given = ' '.join(f'{k}={v!r}' for k, v in args.model_kwargs.items())
+        hint = ' (--model-kwargs takes K=V with V a Python literal, e.g. depth=6 img_size=64)' \
+            if isinstance(e, TypeError) and given else ''
+        raise ValueError(f'--model {args.model}' + (f' --model-kwargs {given}' if given else '')
+                         + f': {e}{hint}') from e
     if args.initial_checkpoint:
         # timm's loader: EMA weights where saved, DDP / torch.compile prefixes stripped
         with torch.serialization.safe_globals([argparse.Namespace]):
@@ -521,7 +550,30 @@ def _means(sums: Dict[str, torch.Tensor], count: int) -> Dict[str, float]:
 def _run_folder(args: argparse.Namespace) -> str:
     name = args.experiment or '-'.join([datetime.now().strftime('%Y%m%d-%H%M%S'), args.model,
                                         'guided' if args.teacher else 'alone'])
-    return get_outdir(args.output, name)
+    try:
+        return get_outdir(args.output, name)
+    except OSError as e:
+        raise OSError(f'--output {args.output}: cannot make the run folder {name} there ({e.strerror or e}); give '
+                      'a folder you can write to.') from e
+
+
+def _check_finite(what: str, where: str, value: Optional[float] = None, module: Optional[nn.Module] = None) -> None:
+    """Stop a run whose loss or weights turned NaN/Inf, before a checkpoint keeps them: one host read, made where
+    the loop reads the device anyway (a logged step, an epoch's end)."""
+    if module is not None:
+        flags = [torch.isfinite(t).all() for t in unwrap_model(module).state_dict().values() if t.is_floating_point()]
+        value = 0. if not flags or bool(torch.stack(flags).all()) else math.nan
+    if value is not None and not math.isfinite(value):
+        raise CommandFailed(f'training diverged: the {what} became non-finite at {where}. No checkpoint of it was '
+                            'written (earlier epochs\' checkpoints are kept). Try a lower --lr (or a warm-up, '
+                            '--warmup-epochs 1), keep --clip-grad on, train in fp32 (drop --amp), and check the data '
+                            'for NaN or Inf values.', status=3)
+
+
+def cli(argv: Optional[Sequence[str]] = None) -> int:
+    """The command as users type it: 0 when the run finished, 2 naming the option for an input that cannot work, 3
+    when training diverged (``timm_odevit_tools.cli``)."""
+    return run_command(main, PROG, argv)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
@@ -548,6 +600,11 @@ def _data_config(args: argparse.Namespace, model: nn.Module) -> Dict[str, Any]:
         # a model built with img_size=32 keeps its 224-px pretrained cfg: the built size is what it accepts
         data_cfg['input_size'] = (args.in_chans, *built_size)
     if args.img_size:
+        patch = getattr(getattr(model, 'patch_embed', None), 'patch_size', (1, 1))[0]
+        if args.img_size % patch:
+            lower, upper = args.img_size - args.img_size % patch, args.img_size - args.img_size % patch + patch
+            raise ValueError(f'--img-size {args.img_size} is not a multiple of {args.model}\'s patch size {patch}: '
+                             f'use {lower or upper} or {upper}.')
         if built_size and tuple(built_size) != (args.img_size, args.img_size):
             raise ValueError(f'--img-size {args.img_size}: {args.model} was built for {tuple(built_size)} inputs; '
                              f'build it for this size with --model-kwargs img_size={args.img_size}.')
@@ -582,8 +639,13 @@ def _train_epoch(task: nn.Module, loader: Iterable, optimizer: torch.optim.Optim
     """One epoch of steps: the mean losses, the images seen (all ranks) and the updates done so far."""
     amp_dtype = torch.bfloat16 if args.amp == 'bf16' else None
     task.train()
+    trunk = ode_trunk(unwrap_model(task.get_eval_model()))
+    solvers = RandomSolvers(args.solvers.split(','), seed=args.seed + epoch) if args.solvers else None
+    if trunk is not None:
+        trunk.track_acceleration = bool(args.accel_weight)
     # loss sums stay on the device: reading one back every step would stall a GPU's queue
-    loss_sums = {k: torch.zeros((), device=device) for k in ('loss',) + _loss_terms(task)}
+    loss_sums = {k: torch.zeros((), device=device) for k in ('loss',) + _loss_terms(task)
+                 + (('accel',) if trunk is not None and args.accel_weight else ())}
     t0 = time.time()
     seen = 0
     for step, (x, y) in enumerate(loader):
@@ -592,8 +654,11 @@ def _train_epoch(task: nn.Module, loader: Iterable, optimizer: torch.optim.Optim
         x, y = x.to(device), y.to(device)
         if args.augment:
             x = augment_batch(x)
-        with torch.autocast(device.type, dtype=amp_dtype or torch.bfloat16, enabled=amp_dtype is not None):
+        with torch.autocast(device.type, dtype=amp_dtype or torch.bfloat16, enabled=amp_dtype is not None), \
+                solvers.drawn(trunk) if solvers is not None else contextlib.nullcontext():
             out = task(x, y)
+        if 'accel' in loss_sums:
+            out = dict(out, accel=trunk.acceleration, loss=out['loss'] + args.accel_weight * trunk.acceleration)
         optimizer.zero_grad(set_to_none=True)
         out['loss'].backward()
         if args.clip_grad:
@@ -605,8 +670,11 @@ def _train_epoch(task: nn.Module, loader: Iterable, optimizer: torch.optim.Optim
         seen += x.shape[0] * world
         for k, total in loss_sums.items():
             total += out[k].detach().float() * x.shape[0]
+        if step % args.log_interval == 0 or step == updates_per_epoch - 1:
+            means = _means(loss_sums, seen // world)
+            _check_finite('training loss', f'step {step + 1} of epoch {epoch}', means['loss'])
         if primary and (step % args.log_interval == 0 or step == updates_per_epoch - 1):
-            terms = ' '.join(f'{k} {v:.4f}' for k, v in _means(loss_sums, seen // world).items())
+            terms = ' '.join(f'{k} {v:.4f}' for k, v in means.items())
             _logger.info(f'epoch {epoch} [{step + 1}/{updates_per_epoch}] {terms} '
                          f"lr {optimizer.param_groups[0]['lr']:.2e} {seen / (time.time() - t0):.1f} img/s")
     return _means(loss_sums, seen // world), seen, num_updates
@@ -666,6 +734,9 @@ def _train(argv: List[str]) -> Dict[str, Any]:
             with open(getattr(args, name), 'rb') as f:
                 loaded_sha256[f'{name}_sha256'] = sha_fileobj(f).hex()
     model = unwrap_model(task.get_eval_model())
+    if (args.solvers or args.accel_weight) and ode_trunk(model) is None:
+        raise ValueError(f'--solvers and --accel-weight train an ODE trunk; {args.model} has none. Use them with an '
+                         'odevit_* or ssog_ode_* model.')
     data_cfg = _data_config(args, model)
     random_seed(args.seed, rank)  # per-rank randomness from here on (dropout, augmentation)
     ds_train, loader_train, loader_eval = _loaders(args, data_cfg, device, distributed, rank, world)
@@ -730,6 +801,9 @@ def _train(argv: List[str]) -> Dict[str, Any]:
         train_losses, seen, num_updates = _train_epoch(task, loader_train, optimizer, scheduler, args, device, epoch,
                                                        num_updates, updates_per_epoch, world, primary)
         train_seconds = time.time() - t0
+        _check_finite('weights', f'the end of epoch {epoch}', module=task.get_eval_model())
+        if task.has_ema():
+            _check_finite('EMA weights', f'the end of epoch {epoch}', module=task.get_eval_model(ema=True))
         eval_metrics = _validate(task, loader_eval, device, amp_dtype, distributed)
         scheduler.step(epoch + 1, eval_metrics['top1'])
         if primary:
