@@ -184,8 +184,31 @@ def test_ssog_auto_path_by_grid_batch_and_grad():
     small, large = (4, 4), (OPERATOR_MAX_PATCHES // 4, 5)
     assert m.mixing_path(small, 8) == 'operator' and m.mixing_path(large, 8) == 'accumulate'
     assert m.mixing_path(large, 1) == 'accumulate'  # a backward follows: nothing value-sized is kept
-    with torch.no_grad():  # inference: the one-op mixing, two matmuls per head off CUDA
+    with torch.no_grad():  # inference: the one-op mixing, two matmuls per head
         assert m.mixing_path(large, 1) == 'fused' and m.mixing_path(large, 2) == 'fused'
+
+
+@pytest.mark.parametrize('device', ['cpu', 'cuda'])
+@pytest.mark.parametrize('grad', [False, True])
+def test_auto_never_takes_the_triton_kernel_until_a_gpu_run_proves_it(device, grad, monkeypatch):
+    """The chooser given a CUDA device (no GPU needed): the plain-torch paths until TRITON_PROVEN names the shape."""
+    from timm_odevit.layers import mixers
+    large = mixers.OPERATOR_MAX_PATCHES * 8
+    plain = 'accumulate' if grad else 'fused'
+    assert mixers.TRITON_PROVEN == ()  # no GPU run of the check has proven it yet
+    assert mixers.choose_mixing_path('auto', large, grad, device) == plain
+    assert mixers.choose_mixing_path('auto', 16, grad, device) == 'operator'
+    assert mixers.choose_mixing_path('triton', 16, grad, device) == 'triton'  # asked for by name: given
+    monkeypatch.setattr(mixers, 'TRITON_PROVEN', (('cuda', large, grad),))
+    monkeypatch.setattr(mixers, 'HAS_TRITON', True)
+    assert mixers.choose_mixing_path('auto', large, grad, device) == ('triton' if device == 'cuda' else plain)
+    assert mixers.choose_mixing_path('auto', large - 1, grad, device) == plain
+
+
+def test_the_triton_path_off_cuda_says_what_to_use():
+    m = SeparableGaussianMixer(12, 3, mixing='triton')
+    with pytest.raises(ValueError, match='runs on CUDA.*ssog_mixing="fused"'):
+        m(torch.randn(1, 16, 12), (4, 4))
 
 
 def test_ssog_inference_constants_kept_until_a_kernel_parameter_changes():

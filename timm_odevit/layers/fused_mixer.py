@@ -6,8 +6,9 @@ transposed with ``transpose``), each prefix token receiving the patch mean (``me
 as log-Toeplitz factors (``kernel_from_log_factors``), O(n) numbers per component where a kernel has n^2: a depth
 integrator keeps 36 KiB through a forward of a small model at 1024 px, not the kernels' 0.75 MiB.
 
-On CUDA one launch does all components, both axes and the prefix rows in one pass over the values, the kernels
-expanded in registers; elsewhere ``separable_mix_by_head`` runs two matmuls per head. The backward is the same mixing
+``separable_mix_by_head`` runs two matmuls per head on every device. With ``use_triton`` (``ssog_mixing='triton'``,
+CUDA) one launch does all components, both axes and the prefix rows in one pass over the values, the kernels
+expanded in registers: an option until a GPU run measures it faster (``mixers.TRITON_PROVEN``). The backward is the same mixing
 with transposed kernels for the values and two einsums for the kernels; ``torch.compile(fullgraph=True)`` and
 ``torch.export`` see one op through its fake implementation. Tests check both kernels against an einsum reference,
 the Triton one under ``TRITON_INTERPRET=1``.
@@ -27,7 +28,7 @@ except ImportError:  # a CPU-only environment: the op runs its per-head kernel e
     HAS_TRITON = False
 
 __all__ = ['separable_mix', 'separable_mix_by_head', 'separable_mix_triton', 'einsum_mix', 'kernel_from_log_factors',
-           'negligible_weight', 'HAS_TRITON']
+           'negligible_weight', 'triton_launch_config', 'HAS_TRITON', 'TRITON_MAX_WIDTH']
 
 
 def negligible_weight(dtype: torch.dtype) -> float:
@@ -96,16 +97,17 @@ if HAS_TRITON:
         w = tl.arange(0, BW)
         dmask = d < D
         vw_mask = (w[:, None] < W) & dmask[None, :]
-        v_base = v_ptr + b * N * C + P * C + h * D
-        y_base = y_ptr + b * N * C + h * D
+        # 64-bit offsets: B * N * C reaches 2^31 at 2048 px and batch 32 for the small width
+        v_base = v_ptr + b.to(tl.int64) * N * C + P * C + h * D
+        y_base = y_ptr + b.to(tl.int64) * N * C + h * D
         if row_block == tl.cdiv(H, BI):
-            total = tl.zeros([BW, BD], dtype=tl.float32)
-            for src in range(0, H):
-                total += tl.load(v_base + (src * W + w[:, None]) * C + d[None, :], mask=vw_mask, other=0.).to(
-                    tl.float32)
-            mean = tl.sum(total, axis=0) / (H * W)
-            if not MEAN_PREFIX:
-                mean = mean * 0.
+            mean = tl.zeros([BD], dtype=tl.float32)
+            if MEAN_PREFIX:  # zeros otherwise: V is not read, and an inf patch value cannot become a NaN (inf * 0)
+                total = tl.zeros([BW, BD], dtype=tl.float32)
+                for src in range(0, H):
+                    total += tl.load(v_base + (src * W + w[:, None]) * C + d[None, :], mask=vw_mask, other=0.).to(
+                        tl.float32)
+                mean = tl.sum(total, axis=0) / (H * W)
             for p in range(0, P):
                 tl.store(y_base + p * C + d, mean.to(y_ptr.dtype.element_ty), mask=dmask)
         else:
@@ -155,14 +157,36 @@ def separable_mix_triton(v: torch.Tensor, band_y: torch.Tensor, rows_y: torch.Te
     factors = [t.contiguous().float() for t in (band_y, rows_y, band_x, rows_x)]
     v = v.contiguous()
     y = out if out.is_contiguous() else torch.empty_like(v)
-    bi, bd = 16, min(32, _next_pow2(D))
-    grid = (B * heads * triton.cdiv(D, bd), triton.cdiv(height, bi) + 1)
+    if width > TRITON_MAX_WIDTH:
+        raise ValueError(f'The Triton mixer takes grids up to {TRITON_MAX_WIDTH} patches wide (its x-axis block lives in '
+                         f'registers), got {width}: use ssog_mixing="fused" (per-head matmuls) there.')
+    config = triton_launch_config(width, C // heads, v.dtype)
+    grid = (B * heads * triton.cdiv(D, config['BD']), triton.cdiv(height, config['BI']) + 1)
     _separable_mix_kernel[grid](
         v, *factors, y, N, C, height, width, N - height * width, K, D, heads,
         MEAN_PREFIX=mean_prefix, TRANSPOSE=transpose, LOG_NEGLIGIBLE=math.log(negligible_weight(torch.float32)),
-        IEEE=v.dtype == torch.float32, UPCAST=_INTERPRETED and v.dtype == torch.bfloat16,
-        BI=bi, BW=_next_pow2(width), BD=bd)
+        IEEE=v.dtype == torch.float32, UPCAST=_INTERPRETED and v.dtype == torch.bfloat16, **config)
     return out if y is out else out.copy_(y)
+
+
+# the widest grid the Triton kernel takes: a [BW, BW] kernel block and [BI, BW, BD] accumulators in registers; wider
+# grids (2048 px) spill whatever the warps (docs/benchmark.md, "The GPU path")
+TRITON_MAX_WIDTH = 64
+
+
+def triton_launch_config(width: int, head_dim: int, dtype: torch.dtype) -> dict:
+    """Block sizes and warps of a launch: 16 output rows, the row padded to a power of two, 8 warps, up to 32
+    channels (16 in float32 from 64 patches wide): the configurations ptxas compiles without spills for sm_80 and
+    sm_90 (tests/test_triton_compile.py; 4 warps spilled at 512 px and in float16). ``TIMM_ODEVIT_TRITON_BI`` /
+    ``_BD`` / ``_WARPS`` override them for a sweep."""
+    bw = _next_pow2(width)
+    bd = min(16 if dtype == torch.float32 and bw >= 64 else 32, _next_pow2(head_dim))
+    config = dict(BI=16, BW=bw, BD=bd, num_warps=8)
+    for key, env in (('BI', 'TIMM_ODEVIT_TRITON_BI'), ('BD', 'TIMM_ODEVIT_TRITON_BD'),
+                     ('num_warps', 'TIMM_ODEVIT_TRITON_WARPS')):
+        if os.environ.get(env):
+            config[key] = int(os.environ[env])
+    return config
 
 
 def separable_mix_by_head(v: torch.Tensor, band_y: torch.Tensor, rows_y: torch.Tensor, band_x: torch.Tensor,
@@ -196,25 +220,32 @@ def separable_mix_by_head(v: torch.Tensor, band_y: torch.Tensor, rows_y: torch.T
 @torch.library.custom_op('timm_odevit::separable_mix', mutates_args=())
 def separable_mix(v: torch.Tensor, band_y: torch.Tensor, rows_y: torch.Tensor, band_x: torch.Tensor,
                   rows_x: torch.Tensor, height: int, width: int, mean_prefix: bool,
-                  transpose: bool = False) -> torch.Tensor:
-    """See the module docstring. This body serves every device without a kernel of its own."""
+                  transpose: bool = False, use_triton: bool = False) -> torch.Tensor:
+    """See the module docstring. This body serves every device without a kernel of its own; ``use_triton`` asks for
+    the Triton kernel, which runs on CUDA only."""
+    if use_triton:
+        raise ValueError(f'The Triton SSoG mixer runs on CUDA with Triton installed; these values are on '
+                         f'{v.device.type}{"" if HAS_TRITON else " and Triton is missing"}: use ssog_mixing="fused".')
     return separable_mix_by_head(v, band_y, rows_y, band_x, rows_x, height, width, mean_prefix, transpose)
 
 
-if HAS_TRITON:
-    @separable_mix.register_kernel('cuda')
-    def _separable_mix_cuda(v, band_y, rows_y, band_x, rows_x, height, width, mean_prefix, transpose=False):
+@separable_mix.register_kernel('cuda')
+def _separable_mix_cuda(v, band_y, rows_y, band_x, rows_x, height, width, mean_prefix, transpose=False,
+                        use_triton=False):
+    if use_triton:
         return separable_mix_triton(v, band_y, rows_y, band_x, rows_x, height, width, mean_prefix, transpose)
+    return separable_mix_by_head(v, band_y, rows_y, band_x, rows_x, height, width, mean_prefix, transpose)
 
 
 @separable_mix.register_fake
-def _separable_mix_fake(v, band_y, rows_y, band_x, rows_x, height, width, mean_prefix, transpose=False):
+def _separable_mix_fake(v, band_y, rows_y, band_x, rows_x, height, width, mean_prefix, transpose=False,
+                        use_triton=False):
     return torch.empty_like(v)  # the layout of the values, as the CPU kernel returns it
 
 
 def _setup_context(ctx, inputs, output) -> None:
     ctx.save_for_backward(*inputs[:5])  # the values and the four factors
-    ctx.grid = inputs[5:]  # height, width, mean_prefix, transpose
+    ctx.grid = inputs[5:]  # height, width, mean_prefix, transpose, use_triton
 
 
 def _factor_gradients(grad_g: torch.Tensor, g: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
@@ -231,13 +262,13 @@ def _backward(ctx, grad: torch.Tensor) -> Tuple[Optional[torch.Tensor], ...]:
     gradient spread over the patches when the prefix took their mean. The kernels' gradients contract the values with
     the output gradient, one axis mixed, and pass to the factors (``_factor_gradients``)."""
     v, band_y, rows_y, band_x, rows_x = ctx.saved_tensors
-    height, width, mean_prefix, transpose = ctx.grid
+    height, width, mean_prefix, transpose, use_triton = ctx.grid
     (B, N, C), heads = v.shape, band_y.shape[0]
     num_prefix = N - height * width
     grad = grad.contiguous().to(v.dtype)
-    grads = [None] * 9
+    grads = [None] * 10
     if ctx.needs_input_grad[0]:
-        grad_v = separable_mix(grad, band_y, rows_y, band_x, rows_x, height, width, False, not transpose)
+        grad_v = separable_mix(grad, band_y, rows_y, band_x, rows_x, height, width, False, not transpose, use_triton)
         if num_prefix:
             spread = grad[:, :num_prefix].sum(dim=1, keepdim=True) / (height * width) if mean_prefix else 0.
             grad_v = torch.cat([torch.zeros_like(grad_v[:, :num_prefix]), grad_v[:, num_prefix:] + spread], dim=1)
@@ -248,14 +279,21 @@ def _backward(ctx, grad: torch.Tensor) -> Tuple[Optional[torch.Tensor], ...]:
         used_y, used_x = [(g.mT if transpose else g).to(v.dtype) for g in (gy, gx)]
         vp = v[:, num_prefix:].reshape(B, height, width, heads, C // heads)
         gp = grad[:, num_prefix:].reshape(B, height, width, heads, C // heads)
+        # one head at a time: the K-fold intermediates of all heads at once were 400 MB each (1024 px, batch 32)
+        grad_gy, grad_gx = torch.zeros_like(gy), torch.zeros_like(gx)
+        for h in range(heads):
+            vh, gh = vp[:, :, :, h:h + 1], gp[:, :, :, h:h + 1]
+            if ctx.needs_input_grad[1] or ctx.needs_input_grad[2]:
+                # dG^y_k[i, i'] = sum over (b, j, d) of dY[i, j] (V G^x_k^T)[i', j]
+                grad_gy[h:h + 1] = torch.einsum('buvhd,bhkyvd->hkuy', gh, _mix_columns(vh, used_x[h:h + 1]))
+            if ctx.needs_input_grad[3] or ctx.needs_input_grad[4]:
+                # dG^x_k[j, j'] = sum over (b, i', d) of (G^y_k^T dY)[i', j] V[i', j']
+                s = torch.einsum('hkuy,buvhd->bhkyvd', used_y[h:h + 1], gh)
+                grad_gx[h:h + 1] = torch.einsum('bhkyvd,bywhd->hkvw', s, vh)
+                del s
         if ctx.needs_input_grad[1] or ctx.needs_input_grad[2]:
-            # dG^y_k[i, i'] = sum over (b, j, d) of dY[i, j] (V G^x_k^T)[i', j]
-            grad_gy = torch.einsum('buvhd,bhkyvd->hkuy', gp, _mix_columns(vp, used_x)).to(gy.dtype)
             grads[1:3] = _factor_gradients(grad_gy.mT if transpose else grad_gy, gy)
         if ctx.needs_input_grad[3] or ctx.needs_input_grad[4]:
-            # dG^x_k[j, j'] = sum over (b, i', d) of (G^y_k^T dY)[i', j] V[i', j']
-            s = torch.einsum('hkuy,buvhd->bhkyvd', used_y, gp)
-            grad_gx = torch.einsum('bhkyvd,bywhd->hkvw', s, vp).to(gx.dtype)
             grads[3:5] = _factor_gradients(grad_gx.mT if transpose else grad_gx, gx)
     return tuple(grads)
 

@@ -16,7 +16,8 @@ from timm.layers import use_fused_attn
 from .fused_mixer import HAS_TRITON, einsum_mix, kernel_from_log_factors, negligible_weight, separable_mix
 from .linalg import spectral_norm
 
-__all__ = ['MultiHeadAttention', 'SeparableGaussianMixer', 'IdentityMixer', 'create_mixer', 'MIXERS']
+__all__ = ['MultiHeadAttention', 'SeparableGaussianMixer', 'IdentityMixer', 'create_mixer', 'choose_mixing_path', 'MIXERS',
+           'MIXING_PATHS', 'TRITON_PROVEN']
 
 
 class MultiHeadAttention(nn.Module):
@@ -375,12 +376,31 @@ def _steered_heads(
 
 
 # how the fixed kernels are applied: 'operator', the N x N token matrix (one bmm); 'fused', the custom op
-# torch.ops.timm_odevit.separable_mix (one Triton kernel on CUDA, two matmuls per head elsewhere); 'accumulate', one
-# component at a time with a backward that keeps nothing value-sized; 'einsum', two einsums through a K-fold
-# intermediate; 'auto' chooses (SeparableGaussianMixer.mixing_path)
-MIXING_PATHS = ('auto', 'operator', 'fused', 'accumulate', 'einsum')
+# torch.ops.timm_odevit.separable_mix (two matmuls per head, on every device); 'triton', the same op through its one-pass
+# Triton kernel (CUDA; an option until a GPU run proves it, TRITON_PROVEN); 'accumulate', one component at a time
+# with a backward that keeps nothing value-sized; 'einsum', two einsums through a K-fold intermediate; 'auto' chooses
+# (choose_mixing_path)
+MIXING_PATHS = ('auto', 'operator', 'fused', 'triton', 'accumulate', 'einsum')
+# (device type, patches at least, grad enabled) where a GPU run of benchmarks/gpu/mixer_check.py measured the Triton
+# kernel correct and fastest: 'auto' takes it only there. None has run yet (docs/benchmark.md, "The GPU path").
+TRITON_PROVEN: Tuple[Tuple[str, int, bool], ...] = ()
 # the largest patch grid 'auto' mixes with the N x N operator (docs/benchmark.md, "Mixing paths")
 OPERATOR_MAX_PATCHES = 576
+
+
+def choose_mixing_path(mixing: str, patches: int, grad_enabled: bool, device_type: str) -> str:
+    """The mixing path of a call: an explicit ``mixing`` as it is; ``'auto'``: the N x N operator up to
+    ``OPERATOR_MAX_PATCHES`` patches (one bmm, measured faster there: docs/benchmark.md); above it the Triton kernel
+    only where ``TRITON_PROVEN`` says a GPU run measured it correct and fastest; else the fused op's per-head matmuls
+    for inference and the accumulate path for training (nothing value-sized kept for the backward, no K-fold
+    intermediate), on every device."""
+    if mixing != 'auto':
+        return mixing
+    if patches <= OPERATOR_MAX_PATCHES:
+        return 'operator'
+    if HAS_TRITON and any(device_type == d and patches >= n and grad_enabled == g for d, n, g in TRITON_PROVEN):
+        return 'triton'
+    return 'accumulate' if grad_enabled else 'fused'
 
 
 class SeparableGaussianMixer(nn.Module):
@@ -481,19 +501,10 @@ class SeparableGaussianMixer(nn.Module):
                 *gaussian_log_factors(grid_size[1], sigma[1], offset[1]), self.mix_logits.to(dtype).log_softmax(-1))
 
     def mixing_path(self, grid_size: Tuple[int, int], batch_size: int) -> str:
-        """The path a call on this grid and batch takes (the batch does not change it today). ``'auto'``: the N x N
-        operator up to ``OPERATOR_MAX_PATCHES`` patches (one bmm; measured faster there, docs/benchmark.md); above
-        it the fused op (``separable_mix``: the Triton kernel on CUDA, two matmuls per head elsewhere) for
-        inference, and for training where the Triton kernel runs; else the accumulate path (nothing value-sized kept
-        for backward, no K-fold intermediate). An explicit ``mixing`` (e.g. ``ssog_mixing='accumulate'``) is the
-        switch that keeps a model off the Triton kernel."""
-        if self.mixing != 'auto':
-            return self.mixing
-        if grid_size[0] * grid_size[1] <= OPERATOR_MAX_PATCHES:
-            return 'operator'
-        if (self.v.weight.is_cuda and HAS_TRITON) or not torch.is_grad_enabled():
-            return 'fused'
-        return 'accumulate'
+        """The path a call on this grid and batch takes (the batch does not change it today): ``choose_mixing_path``
+        for this mixer's device."""
+        return choose_mixing_path(self.mixing, grid_size[0] * grid_size[1], torch.is_grad_enabled(),
+                                  self.v.weight.device.type)
 
     def field_constants(
             self, grid_size: Tuple[int, int], shape: Optional[Sequence[int]] = None,
@@ -526,7 +537,7 @@ class SeparableGaussianMixer(nn.Module):
                 band_y, rows_y, band_x, rows_x, log_mix = self.kernel_factors(grid_size)
                 factors = (band_y, rows_y + log_mix[..., None], band_x, rows_x)  # G^y weighted by the mixture
                 # fused: the O(n) float32 factors, expanded per head where used; the others: the kernels, cut, cast
-                tensors = factors if path == 'fused' else tuple(
+                tensors = factors if path in ('fused', 'triton') else tuple(
                     kernel_from_log_factors(*factors[i:i + 2]).to(dtype) for i in (0, 2))
         constants = MixingConstants(path, tensors)
         if cache:
@@ -576,10 +587,11 @@ class SeparableGaussianMixer(nn.Module):
         path, tensors = kernels
         if path == 'operator':
             return self.proj_drop(_mix_operator(x, self.v, self.proj, *tensors))
-        if path == 'fused':
+        if path in ('fused', 'triton'):
             # off the Triton kernel the op reads channel-major values in place: the projection's [C, B * N], viewed
-            v = self.v(x) if x.is_cuda and HAS_TRITON else _projected_t(x, self.v).t().view(B, N, C)
-            return self.proj_drop(self.proj(separable_mix(v, *tensors, H, W, self.prefix_mixing == 'mean')))
+            v = self.v(x) if path == 'triton' else _projected_t(x, self.v).t().view(B, N, C)
+            return self.proj_drop(self.proj(separable_mix(v, *tensors, H, W, self.prefix_mixing == 'mean',
+                                                          use_triton=path == 'triton')))
         gy, gx = tensors
         v = self.v(x)
         vp = v[:, num_prefix:].reshape(B, H, W, self.num_heads, self.head_dim)
