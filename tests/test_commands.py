@@ -216,3 +216,54 @@ def test_endpoint_advice_never_names_a_privileged_port():
 def test_an_endpoint_without_a_scheme_or_not_a_hub_is_named():
     from timm_odevit.models.pretrained import _endpoint_problem
     assert 'must start with http://' in _endpoint_problem('127.0.0.1:8765', 'timm-odevit/x')
+
+
+def test_acceleration_is_the_finite_difference_of_the_field_along_the_solve_and_compiles():
+    """track_acceleration: sum over steps of |f(x_n+1) - f(x_n)|^2 / h, meaned over elements, over the interval; the
+    same number from a fullgraph compile, and a gradient reaches the field."""
+    from timm_odevit.layers import ode_trunk
+    torch.manual_seed(0)
+    model = timm.create_model(ODE_ARCH, in_chans=1, num_classes=10, depth=3, ode_steps=3)
+    trunk = ode_trunk(model)
+    fields = []
+    trunk.block.register_forward_hook(lambda m, a, out: fields.append(out.detach()))
+    x = torch.randn(2, 1, 32, 32)
+    trunk.track_acceleration = True
+    model(x)
+    h = trunk.t_end / trunk.steps
+    expected = sum((fields[i + 1] - fields[i]).pow(2).mean() / h for i in range(len(fields) - 1)) / trunk.t_end
+    torch.testing.assert_close(trunk.acceleration.detach(), expected)
+    eager = trunk.acceleration.detach()
+    trunk.acceleration = None
+    torch.compile(model, fullgraph=True)(x)
+    torch.testing.assert_close(trunk.acceleration.detach(), eager, rtol=1e-4, atol=1e-6)
+    trunk.acceleration.backward()
+    assert model.trunk.block.mlp.fc1.weight.grad.abs().sum() > 0
+
+
+def test_random_solvers_draw_from_the_set_and_give_the_trunk_its_grid_back():
+    from timm_odevit.layers import ode_trunk
+    from timm_odevit_tools.train.solvers import RandomSolvers
+    trunk = ode_trunk(timm.create_model(ODE_ARCH, in_chans=1, num_classes=10, depth=2))
+    before = trunk.solver_options()
+    seen = []
+    sampler = RandomSolvers(['euler:1', 'midpoint:2', 'rk4:1'], seed=3)
+    for _ in range(30):
+        with sampler.drawn(trunk):
+            seen.append((trunk.method, trunk.steps))
+    assert set(seen) == {('euler', 1), ('midpoint', 2), ('rk4', 1)} and trunk.solver_options() == before
+    again = RandomSolvers(['euler:1', 'midpoint:2', 'rk4:1'], seed=3)
+    assert [again.rng.choice(again.solvers) for _ in range(30)] == seen  # seeded: a resumed epoch draws alike
+    with pytest.raises(ValueError, match="solver 'dopri5:3'.*euler"):
+        RandomSolvers(['dopri5:3'])
+
+
+def test_solver_robust_training_logs_the_penalty_and_keeps_the_training_grid(tmp_path):
+    out = tmp_path / 'run'
+    assert cli(tiny_run(tmp_path, '--solvers', 'euler:1,rk4:1', '--accel-weight', '0.1')) == 0
+    log = (out / 'train.log').read_text()
+    assert ' accel ' in log
+    results = json.loads((out / 'results.json').read_text())
+    assert results['nfe'] == 2  # validated on the model's own grid (2 Euler steps at depth 2), not a drawn one
+    command = (out / 'command.txt').read_text()
+    assert '--solvers euler:1,rk4:1 --accel-weight 0.1' in command

@@ -12,14 +12,13 @@ ODE trunk is a point of a uniform output grid over [0, T] (T = number of layers 
 size 1 is exactly one looped block); the solver's own grid (method, steps) is independent of it and can be changed
 on a built model with ``set_solver``.
 
-A field trained on one fixed grid learns that grid, not an ODE: other solvers diverge on it. ``RandomSolvers`` draws a
-solver per training batch, and ``track_acceleration`` makes a solve keep the mean squared rate of change of the field
-along it (d2x/dt2 by finite differences of the evaluations the solve made anyway), a penalty of stiffness.
+A field trained on one fixed grid learns that grid, not an ODE: other solvers diverge on it. ``track_acceleration``
+makes a solve keep the mean squared rate of change of the field along it (d2x/dt2 by finite differences of the
+evaluations it made anyway), a penalty of stiffness; the training command also draws a solver per batch.
 """
 import contextlib
 import math
 import operator
-import random
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 import torch
@@ -30,7 +29,7 @@ from torchdiffeq import odeint, odeint_adjoint
 
 __all__ = [
     'DiscreteDepth', 'LoopedDepth', 'OdeDepth', 'OdeSolverError', 'FIXED_GRID_METHODS', 'ADAPTIVE_METHODS',
-    'RK_TABLEAUS', 'DISCRETISATION_OPTIONS', 'SOLVER_OPTIONS', 'RandomSolvers', 'ode_trunk', 'parse_solver',
+    'RK_TABLEAUS', 'DISCRETISATION_OPTIONS', 'SOLVER_OPTIONS', 'ode_trunk',
 ]
 
 ADAPTIVE_METHODS = ('dopri5', 'dopri8', 'bosh3', 'fehlberg2', 'adaptive_heun')
@@ -487,33 +486,6 @@ class OdeDepth(_DepthBase):
     def extra_repr(self) -> str:
         return (f'num_layers={self.num_layers}, t_end={self.t_end}, method={self.method}, steps={self.steps}, '
                 f'rtol={self.rtol}, atol={self.atol}, adjoint={self.adjoint}, max_nfe={self.max_nfe}')
-
-
-def parse_solver(spec: str) -> Tuple[str, int]:
-    """``'rk4:6'`` as ``('rk4', 6)``: a fixed-grid Runge-Kutta method and its step count, or a ValueError naming the
-    spec and the choices."""
-    method, _, steps = str(spec).partition(':')
-    if method not in RK_TABLEAUS or not steps.strip().isdigit() or int(steps) < 1:
-        raise ValueError(f'solver {spec!r}: give method:steps with a method of {list(RK_TABLEAUS)} and a positive '
-                         "step count, e.g. 'rk4:6'.")
-    return method, int(steps)
-
-
-class RandomSolvers:
-    """Train an ODE trunk on many solvers: ``with sampler.drawn(trunk): loss = ...`` solves that batch with one
-    fixed-grid solver drawn uniformly from ``solvers`` and gives the trunk its own back afterwards (so validation and
-    export keep the training grid). Drawn on the host from its own seeded generator: nothing is read from the
-    device, and under torch.compile each solver of the set is one graph."""
-
-    def __init__(self, solvers: Sequence[str], seed: int = 0) -> None:
-        self.solvers = [parse_solver(s) for s in solvers]
-        if not self.solvers:
-            raise ValueError('RandomSolvers needs at least one solver, e.g. euler:12,midpoint:6,rk4:3.')
-        self.rng = random.Random(seed)
-
-    def drawn(self, trunk: 'OdeDepth') -> 'contextlib.AbstractContextManager[OdeDepth]':
-        method, steps = self.rng.choice(self.solvers)
-        return trunk.solver(method=method, steps=steps, max_nfe=max(trunk.max_nfe, steps * len(RK_TABLEAUS[method][1])))
 
 
 def _positive_int(name: str, value: Any) -> int:

@@ -108,6 +108,12 @@ def training_lines(args: Dict[str, Any], cfg: Dict[str, Any], threads: Optional[
         'model kwargs while training': ', '.join(f'{k}={v}' for k, v in kwargs.items())
                                        or 'none (the registered defaults)',
     }
+    if args.get('solvers') or args.get('accel_weight'):
+        lines['solver robustness'] = (
+            (f'each batch solved by a fixed-grid solver drawn uniformly from {args["solvers"]}' if args.get('solvers')
+             else "each batch solved on the model's grid")
+            + (f', plus {args["accel_weight"]} x the mean squared d2x/dt2 along the solve' if args.get('accel_weight')
+               else '') + "; validated on the model's grid")
     if args.get('teacher'):
         lines['teacher guidance'] = guidance_line(args, guidance, teacher_from)
     lines['command'] = f'`{format_command(args, threads)}`'

@@ -50,9 +50,10 @@ from timm_odevit.distill import (LOSS_KEYS, STATE_NORMS, TrajectoryDistillationT
 from ..cli import CommandFailed, run_command
 from ..evaluate import evaluate
 from ..files import write_failed
-from timm_odevit.layers import RandomSolvers, ode_trunk, parse_solver
+from timm_odevit.layers import ode_trunk
 from timm_odevit.models import DepthVisionTransformer
 from .checkpoint import checkpoint_args, read_checkpoint, unreadable
+from .solvers import RandomSolvers, fixed_grid_solver
 
 __all__ = ['cli', 'parse_args', 'build_task', 'distillation_options', 'format_command', 'is_training_command', 'main',
            'read_summary', 'recorded_args', 'PROG']
@@ -239,7 +240,7 @@ def _out_of_range(args: argparse.Namespace) -> Optional[str]:
                 return f'--{name.replace("_", "-")} must be {text}, got {value!r}.'
     if args.solvers is not None:
         try:
-            [parse_solver(v) for v in args.solvers.split(',')]
+            [fixed_grid_solver(v) for v in args.solvers.split(',')]
         except ValueError as e:
             return f'--solvers: {e}'
     if args.warmup_epochs >= args.epochs:
