@@ -21,6 +21,7 @@ from timm_odevit.distill import (
     paper_times, solver_grid, uniform_times,
 )
 from timm_odevit_tools.train import main as train_main
+from timm_odevit_tools.train.command import guidance_summary
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SMALL_TEACHER = dict(img_size=32, patch_size=4, depth=3, num_classes=10)
@@ -502,14 +503,14 @@ def test_command_keeps_initial_checkpoint_weights_whole(image_folder, tmp_path):
     from safetensors.torch import save_file
     from timm_odevit_tools.train.command import build_task, parse_args
     fresh = build_task(parse_args(command(image_folder, str(tmp_path))), torch.device('cpu'))
-    assert 'patch_embed.proj.weight' in fresh.guidance_summary()['copied_from_teacher']
+    assert 'patch_embed.proj.weight' in guidance_summary(fresh)['copied_from_teacher']
     torch.manual_seed(1)
     earlier = timm.create_model('odevit_tiny_patch4_32', depth=3, num_classes=3, in_chans=3)
     path = str(tmp_path / 'earlier.safetensors')
     save_file(earlier.state_dict(), path)
     args = parse_args(command(image_folder, str(tmp_path), '--initial-checkpoint', path))
     task = build_task(args, torch.device('cpu'))
-    assert task.guidance_summary()['copied_from_teacher'] == []
+    assert guidance_summary(task)['copied_from_teacher'] == []
     student = task.get_eval_model()
     for name in ('patch_embed.proj.weight', 'head.weight', 'cls_token'):
         assert torch.equal(student.state_dict()[name], earlier.state_dict()[name]), name
@@ -525,7 +526,7 @@ def test_command_attention_term_defaults_off_for_a_teacher_without_maps(image_fo
     args = parse_args(argv)
     task = build_task(args, torch.device('cpu'))
     assert task.attn_loss_weight == 0. and task.jasmin_weight == 1. and task.state_loss_weight == 0.5
-    assert task.guidance_summary()['weights']['attention'] == 0.
+    assert guidance_summary(task)['weights']['attention'] == 0.
     with pytest.raises(ValueError, match='the teacher has none'):
         build_task(parse_args(argv + ['--attn-weight', '0.25']), torch.device('cpu'))
 

@@ -519,31 +519,6 @@ class TrajectoryDistillationTask(TrainingTask):
                                          for k in range(states.shape[0])]) for n in norms])
         return gaps[0] if single else gaps
 
-    def guidance_summary(self) -> Dict[str, Any]:
-        """The guidance as trained, defaults resolved and 'paper' times calibrated: what a run records in its
-        ``results.json`` and a model card states (teacher blocks, student times, each term's weight)."""
-        student = self.trainable_module_student()
-        return {
-            'teacher_blocks': self.teacher_indices if self.teacher_indices is not None else 'all',
-            'targets': self.num_targets,
-            'time_rule': self.time_rule,
-            'times': None if self.target_times is None else [round(float(t), 4) for t in self.target_times],
-            'state_tokens': self.state_tokens,
-            'state_norm': self.state_norm,
-            'weights': {'label': self.task_loss_weight, 'state': self.state_loss_weight,
-                        'attention': self.attn_loss_weight, 'logit_kd': self.kd_loss_weight,
-                        'jasmin': self.jasmin_weight},
-            'kd_temperature': self.kd_temperature,
-            'jasmin_k': self.jasmin_k,
-            'jasmin_detach': self.jasmin_detach,
-            'label_loss_start_epoch': self.task_loss_start_epoch,
-            'distill_end_epoch': self.distill_end_epoch,
-            'copied_from_teacher': list(self.copied_params),
-            'copied_frozen': bool(self.copied_params) and not any(
-                p.requires_grad for n, p in student.named_parameters() if n in self.copied_params),
-            'projection': unwrap_model(self.trainable_module).projection is not None,
-        }
-
     def distill_scale(self) -> float:
         """The factor on the teacher's terms this epoch: 1, decaying linearly to 0 at ``distill_end_epoch``."""
         if self.distill_end_epoch is None:

@@ -1,17 +1,12 @@
-"""The separable Gaussian mixing as one op, ``torch.ops.timm_odevit.separable_mix``: one fused Triton kernel on CUDA.
+"""The separable Gaussian mixing as one op, ``torch.ops.timm_odevit.separable_mix``.
 
-``separable_mix(v, band_y, rows_y, band_x, rows_x, height, width, mean_prefix, transpose)`` mixes the projected values
-``v`` [B, N, C] (prefix tokens, then the H x W patches row-major) as ``sum_k a_k G^y_k V G^x_k^T`` per head (kernels
-transposed with ``transpose``), each prefix token receiving the patch mean (``mean_prefix``) or zero. The kernels come
-as log-Toeplitz factors (``kernel_from_log_factors``), O(n) numbers per component where a kernel has n^2: a depth
-integrator keeps 36 KiB through a forward of a small model at 1024 px, not the kernels' 0.75 MiB.
-
-``separable_mix_by_head`` runs two matmuls per head on every device. With ``use_triton`` (``ssog_mixing='triton'``,
-CUDA) one launch does all components, both axes and the prefix rows in one pass over the values, the kernels
-expanded in registers: an option until a GPU run measures it faster (``mixers.TRITON_PROVEN``). The backward is the same mixing
-with transposed kernels for the values and two einsums for the kernels; ``torch.compile(fullgraph=True)`` and
-``torch.export`` see one op through its fake implementation. Tests check both kernels against an einsum reference,
-the Triton one under ``TRITON_INTERPRET=1``.
+``separable_mix(v, band_y, rows_y, band_x, rows_x, height, width, mean_prefix, transpose, use_triton)`` mixes the
+values ``v`` [B, N, C] (prefix tokens, then the H x W patches row-major) as ``sum_k a_k G^y_k V G^x_k^T`` per head,
+each prefix token receiving the patch mean or zero. The kernels come as log-Toeplitz factors
+(``kernel_from_log_factors``), O(n) numbers per component where a kernel has n^2. ``separable_mix_by_head`` runs two
+matmuls per head on every device; ``use_triton`` (CUDA) runs one Triton launch for all components and both axes,
+an option until a GPU run measures it faster (``mixers.TRITON_PROVEN``). The backward is the same mixing with
+transposed kernels; ``torch.compile(fullgraph=True)`` and ``torch.export`` see one op.
 """
 import math
 import os
@@ -134,8 +129,7 @@ if HAS_TRITON:
             tl.store(out, acc.to(y_ptr.dtype.element_ty), mask=mask)
 
 
-# Triton's interpreter (TRITON_INTERPRET=1, the tests' CPU run) computes a bfloat16 dot wrongly (numpy has none): there
-# the operands go to float32 first, as exact as the GPU's bfloat16 dot accumulating in float32
+# Triton's interpreter (TRITON_INTERPRET=1, the tests' CPU run) computes a bfloat16 dot wrongly: float32 operands there
 _INTERPRETED = os.environ.get('TRITON_INTERPRET') == '1'
 
 
@@ -146,20 +140,18 @@ def _next_pow2(n: int, least: int = 16) -> int:
 def separable_mix_triton(v: torch.Tensor, band_y: torch.Tensor, rows_y: torch.Tensor, band_x: torch.Tensor,
                          rows_x: torch.Tensor, height: int, width: int, mean_prefix: bool,
                          transpose: bool = False) -> torch.Tensor:
-    """Launch the fused kernel (on CUDA, or on the CPU under ``TRITON_INTERPRET=1``), 16 output rows and up to 32
-    channels per program (powers of two, at least 16 for the tensor-core dot)."""
+    """Launch the fused kernel (CUDA, or the CPU under ``TRITON_INTERPRET=1``) as ``triton_launch_config`` says."""
     if not HAS_TRITON:
         raise RuntimeError('The fused SSoG mixer needs Triton (pip install triton); ssog_mixing="accumulate" does not.')
     B, N, C = v.shape
     heads, K = band_y.shape[:2]
-    D = C // heads
-    out = torch.empty_like(v)  # the values' layout, as the fake implementation promises
+    D, out = C // heads, torch.empty_like(v)  # the values' layout, as the fake implementation promises
     factors = [t.contiguous().float() for t in (band_y, rows_y, band_x, rows_x)]
     v = v.contiguous()
     y = out if out.is_contiguous() else torch.empty_like(v)
     if width > TRITON_MAX_WIDTH:
-        raise ValueError(f'The Triton mixer takes grids up to {TRITON_MAX_WIDTH} patches wide (its x-axis block lives in '
-                         f'registers), got {width}: use ssog_mixing="fused" (per-head matmuls) there.')
+        raise ValueError(f'The Triton mixer takes grids up to {TRITON_MAX_WIDTH} patches wide (its x-axis block lives '
+                         f'in registers), got {width}: use ssog_mixing="fused" (per-head matmuls) there.')
     config = triton_launch_config(width, C // heads, v.dtype)
     grid = (B * heads * triton.cdiv(D, config['BD']), triton.cdiv(height, config['BI']) + 1)
     _separable_mix_kernel[grid](
@@ -169,8 +161,7 @@ def separable_mix_triton(v: torch.Tensor, band_y: torch.Tensor, rows_y: torch.Te
     return out if y is out else out.copy_(y)
 
 
-# the widest grid the Triton kernel takes: a [BW, BW] kernel block and [BI, BW, BD] accumulators in registers; wider
-# grids (2048 px) spill whatever the warps (docs/benchmark.md, "The GPU path")
+# the widest grid the Triton kernel takes: its blocks live in registers, and wider grids (2048 px) spill
 TRITON_MAX_WIDTH = 64
 
 

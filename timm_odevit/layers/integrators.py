@@ -1,20 +1,15 @@
 """Depth integrators: how a trunk turns vector-field blocks into depth.
 
-- ``DiscreteDepth``: L distinct blocks, x <- x + f_l(x).
-- ``LoopedDepth``: one block applied L times, x <- x + f(x).
-- ``OdeDepth``: dx/dt = f(x) on [0, T]. Explicit Runge-Kutta methods on a fixed grid (euler, midpoint, heun2,
-  heun3, rk4) run as a plain Python loop whose grid is known before the solve: no host reads, no time tensors, one
-  graph under ``torch.compile``. Adaptive methods, Adams methods and the adjoint go through torchdiffeq.
+- ``DiscreteDepth``: L distinct blocks, x <- x + f_l(x). ``LoopedDepth``: one block applied L times.
+- ``OdeDepth``: dx/dt = f(x) on [0, T]. Explicit Runge-Kutta methods on a fixed grid run as a plain Python loop
+  whose grid is known before the solve (no host reads, one graph under ``torch.compile``); adaptive methods, Adams
+  methods and the adjoint go through torchdiffeq. A layer of an ODE trunk is a point of a uniform output grid over
+  [0, T] (T = number of layers, so an Euler step of size 1 is one looped block); the solver's grid is independent
+  of it (``set_solver``). ``track_acceleration`` keeps the mean squared d2x/dt2 along a solve (finite differences of
+  the evaluations it made anyway): a stiffness penalty for training fields that other solvers can solve.
 
-All three share one interface: ``forward(x, grid_size, take_indices)`` returns the final state and the states
-after the requested layers, and ``nfe`` holds the number of block evaluations of the last forward. A layer of an
-ODE trunk is a point of a uniform output grid over [0, T] (T = number of layers by default, so an Euler step of
-size 1 is exactly one looped block); the solver's own grid (method, steps) is independent of it and can be changed
-on a built model with ``set_solver``.
-
-A field trained on one fixed grid learns that grid, not an ODE: other solvers diverge on it. ``track_acceleration``
-makes a solve keep the mean squared rate of change of the field along it (d2x/dt2 by finite differences of the
-evaluations it made anyway), a penalty of stiffness; the training command also draws a solver per batch.
+All three return the final state and the states after the requested layers; ``nfe`` counts the last forward's
+block evaluations.
 """
 import contextlib
 import math
@@ -215,11 +210,7 @@ def _lerp(t0: float, t1: float, y0: torch.Tensor, y1: torch.Tensor, t: float) ->
 
 
 class OdeDepth(_DepthBase):
-    """Continuous depth: dx/dt = f(x) on [0, t_end].
-
-    Explicit Runge-Kutta methods (``RK_TABLEAUS``) step a fixed grid in a plain loop; the grid is Python floats, so
-    a forward reads nothing back from the device and compiles to one graph. Adaptive methods, Adams methods and
-    ``adjoint=True`` are solved by torchdiffeq on the same grid (adaptive ones with ``rtol``/``atol``).
+    """Continuous depth: dx/dt = f(x) on [0, t_end] (the module docstring says how it is solved).
 
     Args:
         block: the vector field (autonomous: it takes no t).

@@ -16,8 +16,8 @@ from timm.layers import use_fused_attn
 from .fused_mixer import HAS_TRITON, einsum_mix, kernel_from_log_factors, negligible_weight, separable_mix
 from .linalg import spectral_norm
 
-__all__ = ['MultiHeadAttention', 'SeparableGaussianMixer', 'IdentityMixer', 'create_mixer', 'choose_mixing_path', 'MIXERS',
-           'MIXING_PATHS', 'TRITON_PROVEN']
+__all__ = ['MultiHeadAttention', 'SeparableGaussianMixer', 'IdentityMixer', 'create_mixer', 'choose_mixing_path',
+           'MIXERS', 'MIXING_PATHS', 'TRITON_PROVEN']
 
 
 class MultiHeadAttention(nn.Module):
@@ -376,10 +376,8 @@ def _steered_heads(
 
 
 # how the fixed kernels are applied: 'operator', the N x N token matrix (one bmm); 'fused', the custom op
-# torch.ops.timm_odevit.separable_mix (two matmuls per head, on every device); 'triton', the same op through its one-pass
-# Triton kernel (CUDA; an option until a GPU run proves it, TRITON_PROVEN); 'accumulate', one component at a time
-# with a backward that keeps nothing value-sized; 'einsum', two einsums through a K-fold intermediate; 'auto' chooses
-# (choose_mixing_path)
+# separable_mix (two matmuls per head); 'triton', that op's one-pass Triton kernel (CUDA); 'accumulate', one component
+# at a time, keeping nothing value-sized for backward; 'einsum', through a K-fold intermediate; 'auto' chooses
 MIXING_PATHS = ('auto', 'operator', 'fused', 'triton', 'accumulate', 'einsum')
 # (device type, patches at least, grad enabled) where a GPU run of benchmarks/gpu/mixer_check.py measured the Triton
 # kernel correct and fastest: 'auto' takes it only there. None has run yet (docs/benchmark.md, "The GPU path").

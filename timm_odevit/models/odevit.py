@@ -34,49 +34,47 @@ default_cfgs = keep_untagged_default(generate_default_cfgs({
 
 @register_model
 def odevit_tiny(pretrained: bool = False, **kwargs: Any) -> DepthVisionTransformer:
-    """ODE-ViT Tiny at 224 px, patch 16: softmax attention, continuous depth (twin of ssog_ode)."""
     model_args = dict(mixer='attention', depth_mode='ode', **WIDTHS['tiny'])
     return create_depth_vit('odevit_tiny', pretrained=pretrained, **dict(model_args, **kwargs))
 
+
 @register_model
 def odevit_tiny_patch4_32(pretrained: bool = False, **kwargs: Any) -> DepthVisionTransformer:
-    """ODE-ViT Tiny at 32 px, patch 4: softmax attention, continuous depth (twin of ssog_ode)."""
     model_args = dict(mixer='attention', depth_mode='ode', **WIDTHS['tiny'], **SMALL_IMAGE_ARGS)
     return create_depth_vit('odevit_tiny_patch4_32', pretrained=pretrained, **dict(model_args, **kwargs))
 
+
 @register_model
 def odevit_small(pretrained: bool = False, **kwargs: Any) -> DepthVisionTransformer:
-    """ODE-ViT Small at 224 px, patch 16: softmax attention, continuous depth (twin of ssog_ode)."""
     model_args = dict(mixer='attention', depth_mode='ode', **WIDTHS['small'])
     return create_depth_vit('odevit_small', pretrained=pretrained, **dict(model_args, **kwargs))
 
+
 @register_model
 def odevit_small_patch4_32(pretrained: bool = False, **kwargs: Any) -> DepthVisionTransformer:
-    """ODE-ViT Small at 32 px, patch 4: softmax attention, continuous depth (twin of ssog_ode)."""
     model_args = dict(mixer='attention', depth_mode='ode', **WIDTHS['small'], **SMALL_IMAGE_ARGS)
     return create_depth_vit('odevit_small_patch4_32', pretrained=pretrained, **dict(model_args, **kwargs))
 
+
 @register_model
 def odevit_base(pretrained: bool = False, **kwargs: Any) -> DepthVisionTransformer:
-    """ODE-ViT Base at 224 px, patch 16: softmax attention, continuous depth (twin of ssog_ode)."""
     model_args = dict(mixer='attention', depth_mode='ode', **WIDTHS['base'])
     return create_depth_vit('odevit_base', pretrained=pretrained, **dict(model_args, **kwargs))
 
+
 @register_model
 def odevit_base_patch4_32(pretrained: bool = False, **kwargs: Any) -> DepthVisionTransformer:
-    """ODE-ViT Base at 32 px, patch 4: softmax attention, continuous depth (twin of ssog_ode)."""
     model_args = dict(mixer='attention', depth_mode='ode', **WIDTHS['base'], **SMALL_IMAGE_ARGS)
     return create_depth_vit('odevit_base_patch4_32', pretrained=pretrained, **dict(model_args, **kwargs))
 
+
 @register_model
 def odevit_w768_mlp1_36pt(pretrained: bool = False, **kwargs: Any) -> DepthVisionTransformer:
-    """ODE-ViT paper 'Small': width 768, MLP ratio 1, Euler on a 36-point grid (35 steps)."""
     model_args = dict(PAPER_ARGS, mlp_ratio=1., depth=35, ode_steps=35)
     return create_depth_vit('odevit_w768_mlp1_36pt', pretrained=pretrained, **dict(model_args, **kwargs))
 
 
 @register_model
 def odevit_w768_mlp4_24pt(pretrained: bool = False, **kwargs: Any) -> DepthVisionTransformer:
-    """ODE-ViT paper 'Base': width 768, MLP ratio 4, Euler on a 24-point grid (23 steps)."""
     model_args = dict(PAPER_ARGS, mlp_ratio=4., depth=23, ode_steps=23)
     return create_depth_vit('odevit_w768_mlp4_24pt', pretrained=pretrained, **dict(model_args, **kwargs))

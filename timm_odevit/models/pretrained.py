@@ -23,8 +23,7 @@ __all__ = ['ORG', 'hub_id', 'FMNIST_TAG', 'FMNIST_CFG', 'fmnist_input', 'fmnist_
 
 # the one place the Hub organisation is named; every published hf_hub_id is built from it by hub_id()
 ORG = 'timm-odevit'
-# the package folder setup.py copies the default model's weights into (read there from hub/demo.py, which names it
-# too: a test checks that they agree)
+# the package folder setup.py copies the published weights into (hub/demo.py names it too: a test checks both)
 BUNDLE_DIR = '_bundled'
 # seconds a Hub endpoint other than huggingface.co gets to answer before pretrained=True gives up on it
 ENDPOINT_TIMEOUT = 2.0
@@ -63,10 +62,9 @@ def fmnist_cfg(arch: str, tag: str = FMNIST_TAG, img_size: Optional[int] = None)
     return dict(fmnist_input(img_size), hf_hub_id=hub_id(arch, tag))
 
 
-# Model kwargs a published weight was trained with beyond its architecture's defaults: the ODE weights trained on
-# ODE-ViT's 23-step grid score 0.6-6 points lower on the architecture's 12 steps, so their tag solves on the grid they
-# learnt. Each folder's config.json carries the same ``model_args`` (a test checks both directions), which timm's
-# hf-hub: and local-dir: routes apply as defaults; create_depth_vit applies these to a tag asked for by name.
+# Model kwargs a published weight was trained with beyond its architecture's defaults: a tag solves on the grid it
+# learnt. Each folder's config.json carries the same ``model_args`` (a test checks both), which timm's hf-hub: and
+# local-dir: routes apply; create_depth_vit applies these to a tag asked for by name.
 TAG_MODEL_ARGS: Dict[str, Dict[str, Any]] = {
     'odevit_tiny_patch4_32.fmnist': dict(ode_steps=23),
     'odevit_tiny_patch4_32.fmnist_distilled': dict(ode_steps=23),
@@ -238,32 +236,28 @@ def pretrained_source(hf_hub_id: Optional[str], file: Optional[str] = None) -> I
 
 
 def check_local_weights(folder: str) -> None:
-    """A ``local-dir:`` folder is checked as the mirror checks it: where a ``MANIFEST.json`` in it or beside it lists
-    its files, each must have the sha256 listed there (a damaged copy is refused, naming the file)."""
+    """A ``local-dir:`` folder is checked as the mirror checks it: each file a ``MANIFEST.json`` in it or beside it
+    lists must have the sha256 listed there (a damaged copy is refused, naming the file)."""
     folder_path = Path(folder)
-    for manifest in (folder_path / 'MANIFEST.json', folder_path.parent / 'MANIFEST.json'):
-        if not manifest.is_file():
-            continue
-        files = json.loads(manifest.read_text()).get('files', {})
-        prefix = '' if manifest.parent == folder_path else f'{folder_path.name}/'
-        for key, entry in files.items():
-            path = manifest.parent / key
-            if key.startswith(prefix) and path.is_file() and _sha256(path) != entry.get('sha256'):
-                raise RuntimeError(f'{path} is not the file {manifest} lists (its sha256 differs): the copy is damaged '
-                                   'or was changed; restore it (git checkout, or copy it again).')
-        return
+    manifest = next((m for m in (folder_path / 'MANIFEST.json', folder_path.parent / 'MANIFEST.json') if m.is_file()),
+                    None)
+    prefix = '' if manifest is None or manifest.parent == folder_path else f'{folder_path.name}/'
+    for key, entry in (json.loads(manifest.read_text()).get('files', {}) if manifest else {}).items():
+        path = manifest.parent / key
+        if key.startswith(prefix) and path.is_file() and _sha256(path) != entry.get('sha256'):
+            raise RuntimeError(f'{path} is not the file {manifest} lists (its sha256 differs): the copy is damaged or '
+                               'was changed; restore it (git checkout, or copy it again).')
 
 
 def _sha256(path: Path) -> str:
     with open(path, 'rb') as f:
-        return hashlib.file_digest(f, 'sha256').hexdigest() if hasattr(hashlib, 'file_digest') else \
-            hashlib.sha256(f.read()).hexdigest()
+        return hashlib.sha256(f.read()).hexdigest()
 
 
 def mark_published_architectures() -> None:
-    """``timm.is_model_pretrained(arch)`` (and ``list_models(pretrained=True)``) true for each of our architectures
-    with a published tag: ``pretrained=True`` loads its first tag (create_depth_vit), while timm marks only the
-    default tag, which ``keep_untagged_default`` keeps weightless. timm has no public setter for that set."""
+    """``timm.is_model_pretrained(arch)`` true for each of our architectures with a published tag, which
+    ``pretrained=True`` loads (create_depth_vit): timm marks only the default tag, which stays weightless
+    (``keep_untagged_default``), and has no public setter."""
     from timm.models import _registry
     for name in list(_registry._model_has_pretrained):
         if '.' in name and (_registry._model_pretrained_cfgs[name].hf_hub_id or '').startswith(f'{ORG}/'):
@@ -271,10 +265,10 @@ def mark_published_architectures() -> None:
 
 
 def route_hf_hub_configs() -> None:
-    """Give timm's ``hf-hub:`` route the same handling as ``pretrained=True``: timm reads ``config.json`` of an
-    ``hf-hub:`` name before any builder of ours runs, so its loader is wrapped (once) to enter ``pretrained_source``
-    for our organisation's repos, and a ``config.json`` naming an architecture timm does not know is said as such."""
-    from timm.models import _factory
+    """Give timm's ``hf-hub:`` route the handling of ``pretrained=True``: timm reads an ``hf-hub:`` name's
+    ``config.json`` before any builder of ours runs, so its loader is wrapped (once) to enter ``pretrained_source``
+    for our repos, and to say which ``config.json`` names an architecture timm does not know."""
+    from timm.models import _factory, is_model
     load = _factory.load_model_config_from_hf
     if getattr(load, '_timm_odevit', False):
         return
@@ -282,18 +276,13 @@ def route_hf_hub_configs() -> None:
     def load_config(model_id: str, *args: Any, **kwargs: Any) -> Any:
         with pretrained_source(model_id if model_id.startswith(f'{ORG}/') else None):
             out = load(model_id, *args, **kwargs)
-        _check_architecture(out[1], f'config.json of hf-hub:{model_id}')
+        if not is_model(out[1]):
+            raise RuntimeError(f'The config.json of hf-hub:{model_id} names the architecture {out[1]!r}, which timm '
+                               'does not know: fix its "architecture" field, or import the package that registers it '
+                               "first (timm_odevit registers odevit_*, ssog_*, looped_* and dense_vit_*).")
         return out
     load_config._timm_odevit = True  # type: ignore[attr-defined]
     _factory.load_model_config_from_hf = load_config
-
-
-def _check_architecture(arch: str, where: str) -> None:
-    from timm.models import is_model
-    if not is_model(arch):
-        raise RuntimeError(f'The {where} names the architecture {arch!r}, which timm does not know: fix its '
-                           '"architecture" field (timm_odevit registers odevit_*, ssog_*, looped_* and dense_vit_*; '
-                           "timm.list_models('*ssog*') lists them), or import the package that registers it first.")
 
 
 def unreadable_weights_message(cfg: Any, error: BaseException) -> str:

@@ -65,216 +65,215 @@ default_cfgs = keep_untagged_default(generate_default_cfgs({
 
 @register_model
 def ssog_vit_tiny(pretrained: bool = False, **kwargs: Any) -> DepthVisionTransformer:
-    """SSoG-ViT Tiny at 224 px, patch 16: separable Gaussian mixer, 12 distinct blocks."""
     model_args = dict(mixer='ssog', depth_mode='discrete', **WIDTHS['tiny'])
     return create_depth_vit('ssog_vit_tiny', pretrained=pretrained, **dict(model_args, **kwargs))
 
+
 @register_model
 def ssog_vit_tiny_patch4_32(pretrained: bool = False, **kwargs: Any) -> DepthVisionTransformer:
-    """SSoG-ViT Tiny at 32 px, patch 4: separable Gaussian mixer, 12 distinct blocks."""
     model_args = dict(mixer='ssog', depth_mode='discrete', **WIDTHS['tiny'], **SMALL_IMAGE_ARGS)
     return create_depth_vit('ssog_vit_tiny_patch4_32', pretrained=pretrained, **dict(model_args, **kwargs))
 
+
 @register_model
 def ssog_vit_small(pretrained: bool = False, **kwargs: Any) -> DepthVisionTransformer:
-    """SSoG-ViT Small at 224 px, patch 16: separable Gaussian mixer, 12 distinct blocks."""
     model_args = dict(mixer='ssog', depth_mode='discrete', **WIDTHS['small'])
     return create_depth_vit('ssog_vit_small', pretrained=pretrained, **dict(model_args, **kwargs))
 
+
 @register_model
 def ssog_vit_small_patch4_32(pretrained: bool = False, **kwargs: Any) -> DepthVisionTransformer:
-    """SSoG-ViT Small at 32 px, patch 4: separable Gaussian mixer, 12 distinct blocks."""
     model_args = dict(mixer='ssog', depth_mode='discrete', **WIDTHS['small'], **SMALL_IMAGE_ARGS)
     return create_depth_vit('ssog_vit_small_patch4_32', pretrained=pretrained, **dict(model_args, **kwargs))
 
+
 @register_model
 def ssog_vit_base(pretrained: bool = False, **kwargs: Any) -> DepthVisionTransformer:
-    """SSoG-ViT Base at 224 px, patch 16: separable Gaussian mixer, 12 distinct blocks."""
     model_args = dict(mixer='ssog', depth_mode='discrete', **WIDTHS['base'])
     return create_depth_vit('ssog_vit_base', pretrained=pretrained, **dict(model_args, **kwargs))
 
+
 @register_model
 def ssog_vit_base_patch4_32(pretrained: bool = False, **kwargs: Any) -> DepthVisionTransformer:
-    """SSoG-ViT Base at 32 px, patch 4: separable Gaussian mixer, 12 distinct blocks."""
     model_args = dict(mixer='ssog', depth_mode='discrete', **WIDTHS['base'], **SMALL_IMAGE_ARGS)
     return create_depth_vit('ssog_vit_base_patch4_32', pretrained=pretrained, **dict(model_args, **kwargs))
 
+
 @register_model
 def ssog_vit_steer_tiny(pretrained: bool = False, **kwargs: Any) -> DepthVisionTransformer:
-    """Steered SSoG-ViT Tiny at 224 px, patch 16: each token steers its separable Gaussians, 12 distinct blocks."""
     model_args = dict(mixer='ssog', depth_mode='discrete', ssog_steer=True, **WIDTHS['tiny'])
     return create_depth_vit('ssog_vit_steer_tiny', pretrained=pretrained, **dict(model_args, **kwargs))
 
+
 @register_model
 def ssog_vit_steer_tiny_patch4_32(pretrained: bool = False, **kwargs: Any) -> DepthVisionTransformer:
-    """Steered SSoG-ViT Tiny at 32 px, patch 4: each token steers its separable Gaussians, 12 distinct blocks."""
     model_args = dict(mixer='ssog', depth_mode='discrete', ssog_steer=True, **WIDTHS['tiny'], **SMALL_IMAGE_ARGS)
     return create_depth_vit('ssog_vit_steer_tiny_patch4_32', pretrained=pretrained, **dict(model_args, **kwargs))
 
+
 @register_model
 def ssog_vit_steer_small(pretrained: bool = False, **kwargs: Any) -> DepthVisionTransformer:
-    """Steered SSoG-ViT Small at 224 px, patch 16: each token steers its separable Gaussians, 12 distinct blocks."""
     model_args = dict(mixer='ssog', depth_mode='discrete', ssog_steer=True, **WIDTHS['small'])
     return create_depth_vit('ssog_vit_steer_small', pretrained=pretrained, **dict(model_args, **kwargs))
 
+
 @register_model
 def ssog_vit_steer_small_patch4_32(pretrained: bool = False, **kwargs: Any) -> DepthVisionTransformer:
-    """Steered SSoG-ViT Small at 32 px, patch 4: each token steers its separable Gaussians, 12 distinct blocks."""
     model_args = dict(mixer='ssog', depth_mode='discrete', ssog_steer=True, **WIDTHS['small'], **SMALL_IMAGE_ARGS)
     return create_depth_vit('ssog_vit_steer_small_patch4_32', pretrained=pretrained, **dict(model_args, **kwargs))
 
+
 @register_model
 def ssog_vit_steer_base(pretrained: bool = False, **kwargs: Any) -> DepthVisionTransformer:
-    """Steered SSoG-ViT Base at 224 px, patch 16: each token steers its separable Gaussians, 12 distinct blocks."""
     model_args = dict(mixer='ssog', depth_mode='discrete', ssog_steer=True, **WIDTHS['base'])
     return create_depth_vit('ssog_vit_steer_base', pretrained=pretrained, **dict(model_args, **kwargs))
 
+
 @register_model
 def ssog_vit_steer_base_patch4_32(pretrained: bool = False, **kwargs: Any) -> DepthVisionTransformer:
-    """Steered SSoG-ViT Base at 32 px, patch 4: each token steers its separable Gaussians, 12 distinct blocks."""
     model_args = dict(mixer='ssog', depth_mode='discrete', ssog_steer=True, **WIDTHS['base'], **SMALL_IMAGE_ARGS)
     return create_depth_vit('ssog_vit_steer_base_patch4_32', pretrained=pretrained, **dict(model_args, **kwargs))
 
+
 @register_model
 def looped_ssog_tiny(pretrained: bool = False, **kwargs: Any) -> DepthVisionTransformer:
-    """Looped SSoG Tiny at 224 px, patch 16: separable Gaussian mixer, one block looped 12 times."""
     model_args = dict(mixer='ssog', depth_mode='looped', **WIDTHS['tiny'])
     return create_depth_vit('looped_ssog_tiny', pretrained=pretrained, **dict(model_args, **kwargs))
 
+
 @register_model
 def looped_ssog_tiny_patch4_32(pretrained: bool = False, **kwargs: Any) -> DepthVisionTransformer:
-    """Looped SSoG Tiny at 32 px, patch 4: separable Gaussian mixer, one block looped 12 times."""
     model_args = dict(mixer='ssog', depth_mode='looped', **WIDTHS['tiny'], **SMALL_IMAGE_ARGS)
     return create_depth_vit('looped_ssog_tiny_patch4_32', pretrained=pretrained, **dict(model_args, **kwargs))
 
+
 @register_model
 def looped_ssog_small(pretrained: bool = False, **kwargs: Any) -> DepthVisionTransformer:
-    """Looped SSoG Small at 224 px, patch 16: separable Gaussian mixer, one block looped 12 times."""
     model_args = dict(mixer='ssog', depth_mode='looped', **WIDTHS['small'])
     return create_depth_vit('looped_ssog_small', pretrained=pretrained, **dict(model_args, **kwargs))
 
+
 @register_model
 def looped_ssog_small_patch4_32(pretrained: bool = False, **kwargs: Any) -> DepthVisionTransformer:
-    """Looped SSoG Small at 32 px, patch 4: separable Gaussian mixer, one block looped 12 times."""
     model_args = dict(mixer='ssog', depth_mode='looped', **WIDTHS['small'], **SMALL_IMAGE_ARGS)
     return create_depth_vit('looped_ssog_small_patch4_32', pretrained=pretrained, **dict(model_args, **kwargs))
 
+
 @register_model
 def looped_ssog_base(pretrained: bool = False, **kwargs: Any) -> DepthVisionTransformer:
-    """Looped SSoG Base at 224 px, patch 16: separable Gaussian mixer, one block looped 12 times."""
     model_args = dict(mixer='ssog', depth_mode='looped', **WIDTHS['base'])
     return create_depth_vit('looped_ssog_base', pretrained=pretrained, **dict(model_args, **kwargs))
 
+
 @register_model
 def looped_ssog_base_patch4_32(pretrained: bool = False, **kwargs: Any) -> DepthVisionTransformer:
-    """Looped SSoG Base at 32 px, patch 4: separable Gaussian mixer, one block looped 12 times."""
     model_args = dict(mixer='ssog', depth_mode='looped', **WIDTHS['base'], **SMALL_IMAGE_ARGS)
     return create_depth_vit('looped_ssog_base_patch4_32', pretrained=pretrained, **dict(model_args, **kwargs))
 
+
 @register_model
 def ssog_ode_tiny(pretrained: bool = False, **kwargs: Any) -> DepthVisionTransformer:
-    """SSoG-ODE Tiny at 224 px, patch 16: separable Gaussian mixer, continuous depth (12 Euler steps on [0, 12])."""
     model_args = dict(mixer='ssog', depth_mode='ode', **WIDTHS['tiny'])
     return create_depth_vit('ssog_ode_tiny', pretrained=pretrained, **dict(model_args, **kwargs))
 
+
 @register_model
 def ssog_ode_tiny_patch4_32(pretrained: bool = False, **kwargs: Any) -> DepthVisionTransformer:
-    """SSoG-ODE Tiny at 32 px, patch 4: separable Gaussian mixer, continuous depth (12 Euler steps on [0, 12])."""
     model_args = dict(mixer='ssog', depth_mode='ode', **WIDTHS['tiny'], **SMALL_IMAGE_ARGS)
     return create_depth_vit('ssog_ode_tiny_patch4_32', pretrained=pretrained, **dict(model_args, **kwargs))
 
+
 @register_model
 def ssog_ode_small(pretrained: bool = False, **kwargs: Any) -> DepthVisionTransformer:
-    """SSoG-ODE Small at 224 px, patch 16: separable Gaussian mixer, continuous depth (12 Euler steps on [0, 12])."""
     model_args = dict(mixer='ssog', depth_mode='ode', **WIDTHS['small'])
     return create_depth_vit('ssog_ode_small', pretrained=pretrained, **dict(model_args, **kwargs))
 
+
 @register_model
 def ssog_ode_small_patch4_32(pretrained: bool = False, **kwargs: Any) -> DepthVisionTransformer:
-    """SSoG-ODE Small at 32 px, patch 4: separable Gaussian mixer, continuous depth (12 Euler steps on [0, 12])."""
     model_args = dict(mixer='ssog', depth_mode='ode', **WIDTHS['small'], **SMALL_IMAGE_ARGS)
     return create_depth_vit('ssog_ode_small_patch4_32', pretrained=pretrained, **dict(model_args, **kwargs))
 
+
 @register_model
 def ssog_ode_base(pretrained: bool = False, **kwargs: Any) -> DepthVisionTransformer:
-    """SSoG-ODE Base at 224 px, patch 16: separable Gaussian mixer, continuous depth (12 Euler steps on [0, 12])."""
     model_args = dict(mixer='ssog', depth_mode='ode', **WIDTHS['base'])
     return create_depth_vit('ssog_ode_base', pretrained=pretrained, **dict(model_args, **kwargs))
 
+
 @register_model
 def ssog_ode_base_patch4_32(pretrained: bool = False, **kwargs: Any) -> DepthVisionTransformer:
-    """SSoG-ODE Base at 32 px, patch 4: separable Gaussian mixer, continuous depth (12 Euler steps on [0, 12])."""
     model_args = dict(mixer='ssog', depth_mode='ode', **WIDTHS['base'], **SMALL_IMAGE_ARGS)
     return create_depth_vit('ssog_ode_base_patch4_32', pretrained=pretrained, **dict(model_args, **kwargs))
 
+
 @register_model
 def dense_vit_tiny(pretrained: bool = False, **kwargs: Any) -> DepthVisionTransformer:
-    """Dense-ViT Tiny at 224 px, patch 16: softmax attention, 12 blocks (twin of ssog_vit)."""
     model_args = dict(mixer='attention', depth_mode='discrete', **WIDTHS['tiny'])
     return create_depth_vit('dense_vit_tiny', pretrained=pretrained, **dict(model_args, **kwargs))
 
+
 @register_model
 def dense_vit_tiny_patch4_32(pretrained: bool = False, **kwargs: Any) -> DepthVisionTransformer:
-    """Dense-ViT Tiny at 32 px, patch 4: softmax attention, 12 blocks (twin of ssog_vit)."""
     model_args = dict(mixer='attention', depth_mode='discrete', **WIDTHS['tiny'], **SMALL_IMAGE_ARGS)
     return create_depth_vit('dense_vit_tiny_patch4_32', pretrained=pretrained, **dict(model_args, **kwargs))
 
+
 @register_model
 def dense_vit_small(pretrained: bool = False, **kwargs: Any) -> DepthVisionTransformer:
-    """Dense-ViT Small at 224 px, patch 16: softmax attention, 12 blocks (twin of ssog_vit)."""
     model_args = dict(mixer='attention', depth_mode='discrete', **WIDTHS['small'])
     return create_depth_vit('dense_vit_small', pretrained=pretrained, **dict(model_args, **kwargs))
 
+
 @register_model
 def dense_vit_small_patch4_32(pretrained: bool = False, **kwargs: Any) -> DepthVisionTransformer:
-    """Dense-ViT Small at 32 px, patch 4: softmax attention, 12 blocks (twin of ssog_vit)."""
     model_args = dict(mixer='attention', depth_mode='discrete', **WIDTHS['small'], **SMALL_IMAGE_ARGS)
     return create_depth_vit('dense_vit_small_patch4_32', pretrained=pretrained, **dict(model_args, **kwargs))
 
+
 @register_model
 def dense_vit_base(pretrained: bool = False, **kwargs: Any) -> DepthVisionTransformer:
-    """Dense-ViT Base at 224 px, patch 16: softmax attention, 12 blocks (twin of ssog_vit)."""
     model_args = dict(mixer='attention', depth_mode='discrete', **WIDTHS['base'])
     return create_depth_vit('dense_vit_base', pretrained=pretrained, **dict(model_args, **kwargs))
 
+
 @register_model
 def dense_vit_base_patch4_32(pretrained: bool = False, **kwargs: Any) -> DepthVisionTransformer:
-    """Dense-ViT Base at 32 px, patch 4: softmax attention, 12 blocks (twin of ssog_vit)."""
     model_args = dict(mixer='attention', depth_mode='discrete', **WIDTHS['base'], **SMALL_IMAGE_ARGS)
     return create_depth_vit('dense_vit_base_patch4_32', pretrained=pretrained, **dict(model_args, **kwargs))
 
+
 @register_model
 def looped_vit_tiny(pretrained: bool = False, **kwargs: Any) -> DepthVisionTransformer:
-    """Looped dense ViT Tiny at 224 px, patch 16: softmax attention, one block looped (twin of looped_ssog)."""
     model_args = dict(mixer='attention', depth_mode='looped', **WIDTHS['tiny'])
     return create_depth_vit('looped_vit_tiny', pretrained=pretrained, **dict(model_args, **kwargs))
 
+
 @register_model
 def looped_vit_tiny_patch4_32(pretrained: bool = False, **kwargs: Any) -> DepthVisionTransformer:
-    """Looped dense ViT Tiny at 32 px, patch 4: softmax attention, one block looped (twin of looped_ssog)."""
     model_args = dict(mixer='attention', depth_mode='looped', **WIDTHS['tiny'], **SMALL_IMAGE_ARGS)
     return create_depth_vit('looped_vit_tiny_patch4_32', pretrained=pretrained, **dict(model_args, **kwargs))
 
+
 @register_model
 def looped_vit_small(pretrained: bool = False, **kwargs: Any) -> DepthVisionTransformer:
-    """Looped dense ViT Small at 224 px, patch 16: softmax attention, one block looped (twin of looped_ssog)."""
     model_args = dict(mixer='attention', depth_mode='looped', **WIDTHS['small'])
     return create_depth_vit('looped_vit_small', pretrained=pretrained, **dict(model_args, **kwargs))
 
+
 @register_model
 def looped_vit_small_patch4_32(pretrained: bool = False, **kwargs: Any) -> DepthVisionTransformer:
-    """Looped dense ViT Small at 32 px, patch 4: softmax attention, one block looped (twin of looped_ssog)."""
     model_args = dict(mixer='attention', depth_mode='looped', **WIDTHS['small'], **SMALL_IMAGE_ARGS)
     return create_depth_vit('looped_vit_small_patch4_32', pretrained=pretrained, **dict(model_args, **kwargs))
 
+
 @register_model
 def looped_vit_base(pretrained: bool = False, **kwargs: Any) -> DepthVisionTransformer:
-    """Looped dense ViT Base at 224 px, patch 16: softmax attention, one block looped (twin of looped_ssog)."""
     model_args = dict(mixer='attention', depth_mode='looped', **WIDTHS['base'])
     return create_depth_vit('looped_vit_base', pretrained=pretrained, **dict(model_args, **kwargs))
 
+
 @register_model
 def looped_vit_base_patch4_32(pretrained: bool = False, **kwargs: Any) -> DepthVisionTransformer:
-    """Looped dense ViT Base at 32 px, patch 4: softmax attention, one block looped (twin of looped_ssog)."""
     model_args = dict(mixer='attention', depth_mode='looped', **WIDTHS['base'], **SMALL_IMAGE_ARGS)
     return create_depth_vit('looped_vit_base_patch4_32', pretrained=pretrained, **dict(model_args, **kwargs))

@@ -83,14 +83,12 @@ def check_image_input(
             f'The model takes {dtype} images, got {x.dtype}. Cast the input (x.to({dtype})), cast the model '
             f'(model.to({x.dtype})), or run under torch.autocast.')
     if check_finite and x.device.type == 'cpu':
-        # on CPU the check costs no stall; on an accelerator it would be a device-side assert, which leaves the
-        # process unable to use the device again, so it is not made there (timm's models check nothing either)
+        # elsewhere it would be a device-side assert, which ends the device context (timm's models check nothing)
         check_finite_async(x)
 
 
 def check_finite_async(x: torch.Tensor) -> None:
-    """Refuse NaN/Inf pixels without reading a value back to the host: ``torch._assert_async`` raises at once on
-    CPU and becomes a device-side assert elsewhere, which never stalls a CUDA stream (it fails at the next sync)."""
+    """Refuse NaN/Inf pixels without a host read: ``torch._assert_async``, which raises at once on the CPU."""
     try:
         torch._assert_async(torch.isfinite(x).all(), _NONFINITE_INPUT)
     except RuntimeError as e:
@@ -150,9 +148,7 @@ class DepthVisionTransformer(nn.Module):
     ) -> None:
         """
         Args:
-            img_size: Input image size the position embedding is built for.
-            patch_size: Patch size.
-            in_chans: Number of input image channels.
+            img_size, patch_size, in_chans: Input size the position embedding is built for, patch size, channels.
             num_classes: Number of classes of the head (0 for none).
             global_pool: Pooling before the head: 'token' (CLS), 'avg', 'avgmax', 'max' or '' (none).
             embed_dim: Token width.
@@ -168,30 +164,25 @@ class DepthVisionTransformer(nn.Module):
             ssog_steer: Let each token steer the Gaussians (ssog only; default False): bounded per-position
                 residuals on centre, width and mixture weight, zero at initialisation. Steered kernels have no
                 global Lipschitz bound, so the ODE families keep fixed kernels by default.
-            ssog_mixing: How the fixed kernels are applied (ssog only): 'auto' (default: the N x N operator on
-                small grids, above them the fused op in inference and on CUDA with Triton, else 'accumulate'),
-                or one path forced: 'operator', 'fused', 'accumulate', 'einsum' (docs/benchmark.md, "Mixing
-                paths").
+            ssog_mixing: How the fixed kernels are applied (ssog only): 'auto' (``choose_mixing_path``) or one of
+                'operator', 'fused', 'triton', 'accumulate', 'einsum' (docs/benchmark.md, "Mixing paths").
             ode_method: ODE method (ode only; default 'euler'): a fixed-grid or an adaptive one, see OdeDepth.
             ode_steps: Uniform solver steps for fixed-grid methods (ode only; default: depth).
             ode_t_end: End of the integration interval (ode only; default: depth, i.e. unit steps).
-            ode_rtol: Relative tolerance of adaptive methods (ode only; default 1e-3).
-            ode_atol: Absolute tolerance of adaptive methods (ode only; default 1e-4).
+            ode_rtol, ode_atol: Tolerances of adaptive methods (ode only; default 1e-3, 1e-4).
             ode_adjoint: Backpropagate through the adjoint ODE instead of the solver steps (ode only).
             ode_max_nfe: Cap on function evaluations per solve (ode only; default 1000).
             class_token: Use a class token.
             reg_tokens: Number of register tokens (no position embedding, as in ODE-ViT).
             final_norm: CenterNorm after the trunk.
-            dynamic_img_size: Accept any input size, resampling the position embedding.
-            dynamic_img_pad: Pad inputs not divisible by the patch size.
-            drop_rate: Head dropout.
-            proj_drop_rate: Dropout after the mixer and MLP projections.
-            attn_drop_rate: Attention-map dropout (dense attention).
+            dynamic_img_size, dynamic_img_pad: Accept any input size (the position embedding resampled); pad inputs
+                not divisible by the patch size.
+            drop_rate, proj_drop_rate, attn_drop_rate: Dropout of the head, after the projections, of the
+                attention maps (dense attention).
             drop_path_rate: Stochastic depth (discrete and looped only: it would make an ODE field random).
             weight_init: 'spectral' (ODE-ViT: Xavier-normal, then divided by the largest singular value),
                 'xavier', or 'skip'.
-            check_finite: Refuse NaN/Inf pixels with a ValueError before any work, on CPU (on an accelerator the
-                only checks that never stall the host are device-side asserts, which end the device context: none).
+            check_finite: Refuse NaN/Inf pixels with a ValueError before any work, on the CPU (docs/core.md).
 
         Options of another mixer or depth setting (``num_gaussians`` on a dense model, ``ode_steps`` on a discrete
         one, ``attn_drop_rate`` without attention) raise TypeError, as unknown kwargs do: nothing is silently ignored.

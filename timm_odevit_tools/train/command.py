@@ -55,7 +55,7 @@ from timm_odevit.models import DepthVisionTransformer
 from .checkpoint import checkpoint_args, read_checkpoint, unreadable
 from .solvers import RandomSolvers, fixed_grid_solver
 
-__all__ = ['cli', 'parse_args', 'build_task', 'distillation_options', 'format_command', 'is_training_command', 'main',
+__all__ = ['cli', 'guidance_summary', 'parse_args', 'build_task', 'distillation_options', 'format_command', 'is_training_command', 'main',
            'read_summary', 'recorded_args', 'PROG']
 
 _logger = logging.getLogger('timm_odevit_tools.train')
@@ -681,6 +681,32 @@ def _train_epoch(task: nn.Module, loader: Iterable, optimizer: torch.optim.Optim
     return _means(loss_sums, seen // world), seen, num_updates
 
 
+def guidance_summary(task: TrajectoryDistillationTask) -> Dict[str, Any]:
+    """The guidance as trained, defaults resolved and 'paper' times calibrated: what a run records in its
+    ``results.json`` and a model card states (teacher blocks, student times, each term's weight)."""
+    student = task.trainable_module_student()
+    return {
+        'teacher_blocks': task.teacher_indices if task.teacher_indices is not None else 'all',
+        'targets': task.num_targets,
+        'time_rule': task.time_rule,
+        'times': None if task.target_times is None else [round(float(t), 4) for t in task.target_times],
+        'state_tokens': task.state_tokens,
+        'state_norm': task.state_norm,
+        'weights': {'label': task.task_loss_weight, 'state': task.state_loss_weight,
+                    'attention': task.attn_loss_weight, 'logit_kd': task.kd_loss_weight,
+                    'jasmin': task.jasmin_weight},
+        'kd_temperature': task.kd_temperature,
+        'jasmin_k': task.jasmin_k,
+        'jasmin_detach': task.jasmin_detach,
+        'label_loss_start_epoch': task.task_loss_start_epoch,
+        'distill_end_epoch': task.distill_end_epoch,
+        'copied_from_teacher': list(task.copied_params),
+        'copied_frozen': bool(task.copied_params) and not any(
+            p.requires_grad for n, p in student.named_parameters() if n in task.copied_params),
+        'projection': unwrap_model(task.trainable_module).projection is not None,
+    }
+
+
 def _results(args: argparse.Namespace, task: nn.Module, device: torch.device, distributed: bool, world: int,
              num_epochs: int, output_dir: Optional[str], final: Dict[str, Any], history: List[Dict[str, Any]],
              loaded_sha256: Dict[str, str]) -> Dict[str, Any]:
@@ -699,7 +725,7 @@ def _results(args: argparse.Namespace, task: nn.Module, device: torch.device, di
     results.update(loaded_sha256)
     if isinstance(task, TrajectoryDistillationTask):
         # the guidance as trained (defaults resolved, times calibrated): the card states it from here
-        results['guidance'] = {'mode': 'trajectory', **task.guidance_summary(),
+        results['guidance'] = {'mode': 'trajectory', **guidance_summary(task),
                                'teacher_checkpoint_sha256': loaded_sha256.get('teacher_checkpoint_sha256')}
     elif isinstance(task, LogitDistillationTask):
         results['guidance'] = {'mode': 'logit', 'kd_temperature': task.temperature,
