@@ -62,9 +62,9 @@ def main(argv: Optional[List[str]] = None) -> int:
                   'curves': lambda: learning_curves(Path(a.logs))}
         print(tables[a.kind](), end='')
     elif a.cmd == 'elasticity':
-        from .study.elasticity import ELASTICITY_SOLVERS, write_weights_elasticity
-        print(write_weights_elasticity(Path(a.root), Path(a.out_dir), a.solvers or ELASTICITY_SOLVERS, a.test_samples,
-                                       a.data_dir, a.only, a.looped_as_ode), end='')
+        from .study.elasticity import WEIGHTS_ELASTICITY_SOLVERS, write_weights_elasticity
+        print(write_weights_elasticity(Path(a.root), Path(a.out_dir), a.solvers or WEIGHTS_ELASTICITY_SOLVERS,
+                                       a.test_samples, a.data_dir, a.only, a.looped_as_ode), end='')
     elif a.cmd == 'trajectory':
         from .study.guidance import write_weights_trajectory
         print(write_weights_trajectory(Path(a.root), Path(a.out_dir), a.test_samples, a.data_dir,

@@ -33,7 +33,7 @@ def compile_config(width: int, dtype: str, transpose: bool, arch: int) -> Dict[s
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
-    config = triton_launch_config(width, HEAD_DIM, getattr(torch, dtype))
+    config = triton_launch_config(width, HEAD_DIM, getattr(torch, dtype), transpose)
     ptr = f'*{DTYPES[dtype]}'
     signature = {'v_ptr': ptr, 'band_y_ptr': '*fp32', 'rows_y_ptr': '*fp32', 'band_x_ptr': '*fp32',
                  'rows_x_ptr': '*fp32', 'y_ptr': ptr, **{k: 'i32' for k in 'N C H W P K D heads'.split()}}

@@ -17,19 +17,32 @@ import torch.distributed as dist
 from timm.utils import unwrap_model
 from torch import nn
 
-from timm_odevit.layers import ode_trunk
+from timm_odevit.layers import ADAPTIVE_METHODS, ode_trunk
 
-__all__ = ['evaluate', 'evaluate_solved', 'parse_solver', 'solver_of']
+__all__ = ['ADAPTIVE_TOLERANCES', 'evaluate', 'evaluate_solved', 'parse_solver', 'solver_kwargs', 'solver_of']
 
 Batches = Union[Iterable[Tuple[torch.Tensor, torch.Tensor]], Tuple[torch.Tensor, torch.Tensor]]
 
 
 def parse_solver(text: str) -> Tuple[str, int]:
-    """'rk4:6' -> ('rk4', 6): how an ODE model is solved for an evaluation (``model.set_solver(method, steps)``)."""
+    """'rk4:6' -> ('rk4', 6): how an ODE model is solved for an evaluation (``model.set_solver(method, steps)``); an
+    adaptive method alone ('dopri5') -> ('dopri5', 0), solved at ``ADAPTIVE_TOLERANCES`` (``solver_kwargs``)."""
     method, sep, steps = text.partition(':')
+    if not sep and method in ADAPTIVE_METHODS:
+        return method, 0
     if not sep or not steps.isdigit() or int(steps) < 1:
-        raise ValueError(f"A solver is 'method:steps' with steps >= 1 (e.g. 'euler:12', 'rk4:3'), got {text!r}.")
+        raise ValueError(f"A solver is 'method:steps' with steps >= 1 (e.g. 'euler:12', 'rk4:3'), or an adaptive "
+                         f"method alone ({', '.join(ADAPTIVE_METHODS)}), got {text!r}.")
     return method, int(steps)
+
+
+# the tolerances an adaptive solver is evaluated at (torchdiffeq's defaults are far too tight for vision)
+ADAPTIVE_TOLERANCES = {'rtol': 1e-3, 'atol': 1e-4}
+
+
+def solver_kwargs(method: str, steps: int) -> Dict[str, Any]:
+    """``set_solver`` keyword arguments for a parsed solver: a fixed grid's steps, an adaptive one's tolerances."""
+    return dict(method=method, **(ADAPTIVE_TOLERANCES if method in ADAPTIVE_METHODS else {'steps': steps}))
 
 
 def _batches(data: Batches, batch_size: int) -> Iterable[Tuple[torch.Tensor, torch.Tensor]]:

@@ -8,15 +8,20 @@ from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
 from torch import nn
 
-from timm_odevit_tools.evaluate import evaluate, parse_solver
+from timm_odevit_tools.evaluate import evaluate, parse_solver, solver_kwargs
 from timm_odevit_tools.hub import CONFIG_FILE, WEIGHTS_FILE
 from timm_odevit_tools.hub.verify import EXPORT_FIX
 from .runs import STUDY_PAIRS
 
-__all__ = ['ELASTICITY_SOLVERS', 'elasticity_table', 'read_rows', 'write_elasticity', 'write_weights_elasticity']
+__all__ = ['ELASTICITY_SOLVERS', 'WEIGHTS_ELASTICITY_SOLVERS', 'elasticity_table', 'read_rows', 'write_elasticity',
+           'write_weights_elasticity']
 
 # coarser and finer than the registered 12 Euler steps, ODE-ViT's 23-step training grid and its 24 points, and RK4
 ELASTICITY_SOLVERS = ('euler:3', 'euler:6', 'euler:12', 'euler:23', 'euler:24', 'rk4:3', 'rk4:6')
+# the published weights: each explicit method at a quarter, half, once and twice a 23-step (or 12-step) grid's NFE,
+# and dopri5 (rtol 1e-3, atol 1e-4) with the NFE it takes
+WEIGHTS_ELASTICITY_SOLVERS = ('euler:3', 'euler:6', 'euler:12', 'euler:23', 'euler:24', 'euler:46', 'midpoint:3',
+                              'midpoint:6', 'midpoint:12', 'rk4:2', 'rk4:3', 'rk4:6', 'dopri5')
 IMAGES_LINE = 'Top-1 (%) on the first {} Fashion-MNIST test images.'
 # elasticity.csv's columns: the table and the --only rows are read from it
 ROW_FIELDS = ['model', 'seed', 'method', 'steps', 'nfe', 'images', 'top1']
@@ -140,7 +145,7 @@ def _write(models: Iterable[Tuple[str, str, nn.Module]], solvers: Sequence[str],
         if size not in images:
             images[size] = fm.load_tensors(data_dir, 'test', model=model, limit=test_samples)
         for method, steps in parsed:
-            model.trunk.set_solver(method=method, steps=steps)
+            model.trunk.set_solver(**solver_kwargs(method, steps))
             r = evaluate(model, images[size])
             rows.append({'model': label, 'seed': seed, 'method': method, 'steps': steps,
                          'nfe': round(r['nfe']), 'images': len(images[size][1]), 'top1': round(r['top1'], 2)})
@@ -170,9 +175,11 @@ def elasticity_table(rows: Sequence[Dict[str, Any]]) -> str:
     """elasticity.md from the rows of elasticity.csv (``read_rows``): one column per solver, in the order measured,
     with its NFE; one row per model and seed."""
     solvers = list(dict.fromkeys((r['method'], r['steps']) for r in rows))
-    head = '| model | seed | ' + ' | '.join(f'{m} {s}' for m, s in solvers) + ' |'
+    head = '| model | seed | ' + ' | '.join(f'{m} {s}' if s else m for m, s in solvers) + ' |'
+    # an adaptive solver's NFE differs by model: its row gives the range
+    nfes = [sorted({r['nfe'] for r in rows if (r['method'], r['steps']) == ms}) for ms in solvers]
     lines = [head, '|---|---:|' + '---:|' * len(solvers), '| NFE | | ' + ' | '.join(
-        str(next(r['nfe'] for r in rows if (r['method'], r['steps']) == ms)) for ms in solvers) + ' |']
+        str(n[0]) if len(n) == 1 else f'{n[0]}-{n[-1]}' for n in nfes) + ' |']
     for model, seed in dict.fromkeys((r['model'], r['seed']) for r in rows):
         vals = {(r['method'], r['steps']): r['top1'] for r in rows if (r['model'], r['seed']) == (model, seed)}
         lines.append(f'| `{model}` | {seed} | ' + ' | '.join(f'{vals[ms]:.2f}' for ms in solvers) + ' |')
@@ -180,12 +187,11 @@ def elasticity_table(rows: Sequence[Dict[str, Any]]) -> str:
     return '\n'.join(lines) + '\n\n' + IMAGES_LINE.format(' / '.join(map(str, images))) + '\n'
 
 
-
 def _plot(rows: List[Dict[str, object]], path: Path, n: int, title: str) -> None:
     from timm_odevit_tools.plots import pyplot
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(6, 4))
-    styles = {'euler': 'o-', 'rk4': 's--'}
+    styles = {'euler': 'o-', 'midpoint': '^-.', 'rk4': 's--', 'dopri5': 'D'}
     for model, seed in dict.fromkeys((r['model'], r['seed']) for r in rows):
         for method in dict.fromkeys(r['method'] for r in rows):
             pts = sorted((r['nfe'], r['top1']) for r in rows

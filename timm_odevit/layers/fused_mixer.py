@@ -152,7 +152,7 @@ def separable_mix_triton(v: torch.Tensor, band_y: torch.Tensor, rows_y: torch.Te
     if width > TRITON_MAX_WIDTH:
         raise ValueError(f'The Triton mixer takes grids up to {TRITON_MAX_WIDTH} patches wide (its x-axis block lives '
                          f'in registers), got {width}: use ssog_mixing="fused" (per-head matmuls) there.')
-    config = triton_launch_config(width, C // heads, v.dtype)
+    config = triton_launch_config(width, C // heads, v.dtype, transpose)
     grid = (B * heads * triton.cdiv(D, config['BD']), triton.cdiv(height, config['BI']) + 1)
     _separable_mix_kernel[grid](
         v, *factors, y, N, C, height, width, N - height * width, K, D, heads,
@@ -165,14 +165,14 @@ def separable_mix_triton(v: torch.Tensor, band_y: torch.Tensor, rows_y: torch.Te
 TRITON_MAX_WIDTH = 64
 
 
-def triton_launch_config(width: int, head_dim: int, dtype: torch.dtype) -> dict:
-    """Block sizes and warps of a launch: 16 output rows, the row padded to a power of two, 8 warps, up to 32
-    channels (16 in float32 from 64 patches wide): the configurations ptxas compiles without spills for sm_80 and
-    sm_90 (tests/test_triton_compile.py; 4 warps spilled at 512 px and in float16). ``TIMM_ODEVIT_TRITON_BI`` /
-    ``_BD`` / ``_WARPS`` override them for a sweep."""
+def triton_launch_config(width: int, head_dim: int, dtype: torch.dtype, transpose: bool = False) -> dict:
+    """Block sizes and warps of a launch, as ptxas compiles them without spills for sm_80 and sm_90
+    (tests/test_triton_compile.py): 16 output rows, the row padded to a power of two, up to 32 channels (16 in
+    float32 from 64 patches wide); 8 warps from 32 patches wide and for float16 transposed, else 4 (8 spill there).
+    ``TIMM_ODEVIT_TRITON_BI`` / ``_BD`` / ``_WARPS`` override them for a sweep."""
     bw = _next_pow2(width)
     bd = min(16 if dtype == torch.float32 and bw >= 64 else 32, _next_pow2(head_dim))
-    config = dict(BI=16, BW=bw, BD=bd, num_warps=8)
+    config = dict(BI=16, BW=bw, BD=bd, num_warps=8 if bw >= 32 or (transpose and dtype == torch.float16) else 4)
     for key, env in (('BI', 'TIMM_ODEVIT_TRITON_BI'), ('BD', 'TIMM_ODEVIT_TRITON_BD'),
                      ('num_warps', 'TIMM_ODEVIT_TRITON_WARPS')):
         if os.environ.get(env):

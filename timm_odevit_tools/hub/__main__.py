@@ -22,7 +22,7 @@ def evaluate_folder(folder: str, data: str = 'sample', solver: Optional[str] = N
     import timm
     import timm_odevit  # noqa: F401  (registers the architectures config.json names)
     from .. import data as fm
-    from ..evaluate import evaluate, parse_solver
+    from ..evaluate import evaluate, parse_solver, solver_kwargs
     from timm_odevit.layers import ode_trunk
     sources = {'sample': fm.SAMPLE_DIR, 'full': fm.DEBIAN_FASHION_MNIST}
     if data not in sources and not Path(data).is_dir():
@@ -36,8 +36,7 @@ def evaluate_folder(folder: str, data: str = 'sample', solver: Optional[str] = N
         if ode_trunk(model) is None:
             raise ValueError(f'--solver needs an ODE model; {folder} holds a {type(model.trunk).__name__} trunk: '
                              'drop --solver.')
-        method, steps = parse_solver(solver)
-        model.trunk.set_solver(method=method, steps=steps)
+        model.trunk.set_solver(**solver_kwargs(*parse_solver(solver)))
     return evaluate(model, fm.load_tensors(src, 'test', model=model))
 
 
