@@ -1232,6 +1232,20 @@ def test_elasticity_of_published_ode_weights(tmp_path):
     assert (tmp_path / 'out' / 'elasticity.png').is_file()
 
 
+def test_elasticity_takes_midpoint_and_dopri5_with_the_nfe_it_spent(tmp_path):
+    """An adaptive solver is named alone ('dopri5', at rtol 1e-3, atol 1e-4) and its column gives the NFE it took."""
+    from timm_odevit_tools.hub.export import export
+    from experiments.study.elasticity import write_weights_elasticity
+    root = tmp_path / 'weights'
+    export(timm.create_model('ssog_ode_tiny_patch4_32', num_classes=10, in_chans=1, depth=2), 'ssog_ode_tiny_patch4_32',
+           'fmnist', str(root))
+    table = write_weights_elasticity(root, tmp_path / 'out', ['midpoint:2', 'dopri5'], test_samples=8,
+                                     data_dir=str(fm.SAMPLE_DIR))
+    assert '| model | seed | midpoint 2 | dopri5 |' in table
+    nfe = table.splitlines()[2].split('|')
+    assert nfe[3].strip() == '4' and int(nfe[4].strip()) >= 6  # dopri5: 6 stages a step, at least one step
+
+
 def test_elasticity_solves_looped_weights_as_their_ode_twin(tmp_path):
     """--looped-as-ode adds a row per published looped weight, solved as the ODE architecture with its parameters:
     at the registered grid (h = 1) it is the looped model's top-1 exactly; --only without the option would drop that
