@@ -10,6 +10,11 @@ from pathlib import Path
 
 import pytest
 
+REPO_ROOT = Path(__file__).resolve().parent.parent
+# in-process tests import the package pip installed: the checkout's root goes after site-packages, where it serves
+# only experiments/ (not installed); `python -m pytest` had put it first (an editable install maps to the checkout)
+sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != str(REPO_ROOT)] + [str(REPO_ROOT)]
+
 TIMM_SUITE_VERSION = '1.0.31'
 # where test_timm_models.py finds the fetched file (set by pytest_configure)
 SUITE_ENV = 'TIMM_ODEVIT_TIMM_SUITE'

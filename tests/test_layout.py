@@ -1,5 +1,6 @@
-"""The layout docs/layout.md promises: the library (``timm_odevit``) at most 3,500 non-blank lines, formatted as timm is, and free of the tools and
-experiments, the tools (``timm_odevit_tools``) free of the experiments, and no import circle anywhere.
+"""The layout docs/layout.md promises: the library (``timm_odevit``) at most 3,500 non-blank lines, formatted as timm
+is, and free of the tools and experiments, the tools (``timm_odevit_tools``) free of the experiments, and no import
+circle anywhere.
 
 Imports are read from the source (``ast``), function-level ones included, so a lazy import counts as much as one at
 the top of a module."""
@@ -152,3 +153,19 @@ def test_the_librarys_command_names_run_the_tools(argv, says, tmp_path):
     r = subprocess.run([sys.executable, '-m', *argv], capture_output=True, text=True, timeout=600, cwd=tmp_path,
                        env=dict(env, PYTHONPATH=str(REPO_ROOT)))
     assert r.returncode == 0 and says in r.stdout, r.stdout[-2000:] + r.stderr[-2000:]
+
+
+def test_in_process_tests_import_the_installed_package():
+    """After a normal install (CI's) the tests import what pip installed, never the checkout's copy, so a module or
+    file the wheel lacks fails a test; an editable install maps to the checkout by the developer's choice."""
+    import json
+    from importlib.metadata import distribution
+    import timm_odevit
+    import timm_odevit_tools
+    direct = distribution('timm_odevit').read_text('direct_url.json')
+    editable = bool(direct) and json.loads(direct).get('dir_info', {}).get('editable', False)
+    where = [Path(m.__file__).resolve() for m in (timm_odevit, timm_odevit_tools)]
+    if editable:
+        assert all(REPO_ROOT in p.parents for p in where), where
+    else:
+        assert not any(REPO_ROOT in p.parents for p in where), f'the checkout was imported: {where}'

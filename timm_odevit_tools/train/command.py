@@ -55,8 +55,8 @@ from timm_odevit.models import DepthVisionTransformer
 from .checkpoint import checkpoint_args, read_checkpoint, unreadable
 from .solvers import RandomSolvers, fixed_grid_solver
 
-__all__ = ['cli', 'guidance_summary', 'parse_args', 'build_task', 'distillation_options', 'format_command', 'is_training_command', 'main',
-           'read_summary', 'recorded_args', 'PROG']
+__all__ = ['cli', 'guidance_summary', 'parse_args', 'build_task', 'distillation_options', 'format_command',
+           'is_training_command', 'main', 'read_summary', 'recorded_args', 'PROG']
 
 _logger = logging.getLogger('timm_odevit_tools.train')
 _console_logging = False
