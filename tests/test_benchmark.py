@@ -412,3 +412,17 @@ def test_gpu_mixer_check_dry_run(tmp_path):
     assert 'failed' not in summary and '| `ssog_ode_tiny_patch4_32` |' in summary
     assert '| ode | tiny | 32 | 1 | no |' in summary and '| 8x8 | 2 |' in summary
     assert 'images/s' in summary and (out / 'timings_eager.csv').is_file()
+
+
+def test_gpu_cost_model_prints_every_path_and_backend_at_every_shape():
+    import importlib.util
+    spec = importlib.util.spec_from_file_location('gpu_cost_model', os.path.join(ROOT, 'benchmarks', 'gpu_cost_model.py'))
+    model = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(model)
+    table = model.table()
+    for path in ('sdpa flash', 'sdpa cudnn', 'sdpa memory-efficient', 'fused (per-head matmuls)', 'accumulate',
+                 'operator (N x N)', 'triton (one pass)'):
+        assert f'| {path} |' in table
+    big = model.predictions(4097, 6)
+    # the estimate docs/benchmark.md quotes: per-head matmuls a quarter of cuDNN attention at 4097 tokens
+    assert big['fused (per-head matmuls)'] < 0.3 * min(v for k, v in big.items() if k.startswith('sdpa'))
