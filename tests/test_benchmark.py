@@ -416,7 +416,8 @@ def test_gpu_mixer_check_dry_run(tmp_path):
 
 def test_gpu_cost_model_prints_every_path_and_backend_at_every_shape():
     import importlib.util
-    spec = importlib.util.spec_from_file_location('gpu_cost_model', os.path.join(ROOT, 'benchmarks', 'gpu_cost_model.py'))
+    path = os.path.join(ROOT, 'benchmarks', 'gpu_cost_model.py')
+    spec = importlib.util.spec_from_file_location('gpu_cost_model', path)
     model = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(model)
     table = model.table()
