@@ -36,12 +36,13 @@ def parse_solver(text: str) -> Tuple[str, int]:
     return method, int(steps)
 
 
-# the tolerances an adaptive solver is evaluated at (torchdiffeq's defaults are far too tight for vision)
-ADAPTIVE_TOLERANCES = {'rtol': 1e-3, 'atol': 1e-4}
+# how an adaptive solver is evaluated: tolerances (torchdiffeq's defaults are far too tight for vision) and a cap
+# of evaluations per solve, past which a field is too stiff to be worth solving adaptively (OdeSolverError)
+ADAPTIVE_TOLERANCES = {'rtol': 1e-3, 'atol': 1e-4, 'max_nfe': 256}
 
 
 def solver_kwargs(method: str, steps: int) -> Dict[str, Any]:
-    """``set_solver`` keyword arguments for a parsed solver: a fixed grid's steps, an adaptive one's tolerances."""
+    """``set_solver`` keyword arguments for a parsed solver: a fixed grid's steps, an adaptive one's tolerances, cap."""
     return dict(method=method, **(ADAPTIVE_TOLERANCES if method in ADAPTIVE_METHODS else {'steps': steps}))
 
 
