@@ -136,13 +136,17 @@ def matched_table(root: Path) -> str:
     return '\n'.join(lines) + '\n'
 
 
-def _scratch_command(command: str) -> str:
+def _scratch_command(command: str, own: Optional[str] = None) -> str:
     """A recorded training command with every distillation option at its default, in canonical form: the command
-    that trains the same recipe without a teacher."""
+    that trains the same recipe without a teacher. A stage that continues the weight ``own`` itself (its
+    ``--initial-checkpoint`` in that weight's folder) names it as ``<own>``, so that two weights continued alike,
+    each from itself, have the same recipe."""
     from timm_odevit_tools.train.command import distillation_options
     args = vars(recorded_args(command))
     defaults = vars(recorded_args(f'{PROG} --model {args["model"]}'))
     args.update({k: defaults[k] for k in distillation_options()})
+    if own and Path(args.get('initial_checkpoint') or '').parent.name == own:
+        args['initial_checkpoint'] = '<own>'
     return format_command(args)
 
 
@@ -183,7 +187,7 @@ def guided_pairs(root: Path) -> Iterator[Tuple[str, str, Path, Path]]:
     for repo in sorted(p for p in Path(root).iterdir() if p.is_dir()):
         commands = stage_commands(repo)
         if commands and all(map(is_training_command, commands)):
-            published.append((repo, recorded_args(commands[-1]), [_scratch_command(c) for c in commands]))
+            published.append((repo, recorded_args(commands[-1]), [_scratch_command(c, repo.name) for c in commands]))
     for guided, args, recipe in published:
         if not args.teacher or args.distill != 'trajectory':
             continue  # logit KD alone (--distill logit) made a teacher, not a guided trajectory
