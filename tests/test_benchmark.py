@@ -407,8 +407,9 @@ def test_gpu_mixer_check_dry_run(tmp_path):
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     summary = (out / 'summary.md').read_text()
     titles = re.findall(r'^## (.+)$', summary, flags=re.M)
-    assert titles == ['versions', 'precision: CUDA against CPU', 'kernel profile',
-                      'timings: eager, CUDA graphs, reduce-overhead', 'mixing paths', 'training-step profile']
+    # agreement before timing: the mixing paths' check comes before any timing section
+    assert titles == ['versions', 'precision: CUDA against CPU', 'mixing paths', 'kernel profile',
+                      'timings: eager, CUDA graphs, reduce-overhead', 'training-step profile']
     assert 'failed' not in summary and '| `ssog_ode_tiny_patch4_32` |' in summary
     assert '| ode | tiny | 32 | 1 | no |' in summary and '| 8x8 | 2 |' in summary
     assert 'images/s' in summary and (out / 'timings_eager.csv').is_file()
