@@ -281,8 +281,6 @@ def parse_args(argv: Optional[Sequence[str]] = None, files: bool = True) -> argp
         if unused:
             p.error(f'{", ".join(unused)} steer trajectory distillation; --distill logit uses --kd-weight, '
                     '--kd-temperature and --ce-weight only.')
-    if args.device.startswith('cuda') and not torch.cuda.is_available():
-        p.error(f'--device {args.device}: this machine has no CUDA device torch can use; drop --device (the CPU).')
     if files:
         _check_files(p, args)
     # recorded in every checkpoint (CheckpointSaver keeps args): a card renders this command only for its own runs,
@@ -742,6 +740,9 @@ def _train(argv: List[str]) -> Dict[str, Any]:
         setup_default_logging()
         _console_logging = True
     _check_run_folder(args)
+    if args.device.startswith('cuda') and not torch.cuda.is_available():
+        raise ValueError(f'--device {args.device}: this machine has no CUDA device torch can use; drop --device (the '
+                         'CPU).')
     if args.resume:
         _check_resume(args)
     info = init_distributed_device_so(device=args.device)
