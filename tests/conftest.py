@@ -1,6 +1,6 @@
 """Test setup: fetch timm's own model test suite from the timm sdist on PyPI into a cache folder (never into the
 checkout, never committed; ``tests/timm_suite/test_timm_models.py`` runs it), and mark the tests outside the fast
-tier ``slow`` (``tests/slow_tests.txt``)."""
+tier ``slow`` (timm's own; our slow tests are marked in their files by tests/tiers.py's rule)."""
 import os
 import subprocess
 import sys
@@ -71,13 +71,9 @@ def pytest_configure(config):
         os.environ[SUITE_ENV] = str(fetch_timm_suite(suite_file()))
 
 
-# the tests outside the fast tier (`python -m pytest -m "not slow"`), as tests/tiers.py chose them from measured
-# durations; timm's own model tests are all slow
-SLOW_TESTS = Path(__file__).resolve().parent / 'slow_tests.txt'
-
-
 def pytest_collection_modifyitems(config, items):
-    slow = set(SLOW_TESTS.read_text().split()) if SLOW_TESTS.is_file() else set()
+    # timm's own model tests are slow (tests/tiers.py's rule; the file is fetched, so its tests are marked here); every
+    # other slow test carries the mark in its file
     for item in items:
-        if item.nodeid in slow or item.nodeid.startswith('tests/timm_suite/'):
+        if item.nodeid.startswith('tests/timm_suite/'):
             item.add_marker(pytest.mark.slow)

@@ -17,6 +17,7 @@ from timm_odevit_tools.benchmark.runner import (
 )
 from timm_odevit.layers import MultiHeadAttention, SeparableGaussianMixer
 from timm_odevit.models.families import FAMILIES
+from tiers import slow_except
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -51,6 +52,7 @@ def test_end_to_end_outputs(tmp_path, capsys):
     assert 'MACs / floor' in capsys.readouterr().out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('timing', [True, False])
 def test_end_to_end_memory_in_children(tmp_path, timing):
     assert main(['--settings', 'ode', '--widths', 'tiny', '--resolutions', '32', '--repeats', '1', '--warmup', '0',
@@ -136,7 +138,8 @@ def test_gmacs_count_in_place_matmuls_and_the_separable_op():
     assert macs['accumulate'] == macs['fused'] == macs['einsum'] > 0
 
 
-@pytest.mark.parametrize('setting,img_size', [('ode', 224), ('discrete', 224), ('ode', 1024)])
+@pytest.mark.parametrize('setting,img_size', slow_except([('ode', 224), ('discrete', 224), ('ode', 1024)],
+                                                     fast=lambda c: c == ('ode', 224)))
 def test_ssog_ops_per_forward_at_most_the_fused_twin(setting, img_size):
     """Ops per inference forward (bf16 autocast, batch 1), what sets a GPU's time at small sizes: SSoG issues no more
     than its fused-attention twin, at 224 px (one bmm per evaluation with the N x N operator, its kernels built once
@@ -319,6 +322,7 @@ def test_plot_only_redraws_from_a_csv(tmp_path):
     assert '| ode | tiny | 64 | 1 | no |' in (tmp_path / 'again.md').read_text()
 
 
+@pytest.mark.slow
 def test_gpu_script_dry_run(tmp_path):
     """The prepared GPU script, end to end on the CPU at 32 px: it cannot rot unnoticed."""
     out = tmp_path / 'gpu_out'
@@ -358,6 +362,7 @@ def test_gpu_weights_ema_follows_the_run_length():
     assert ema_decay(1170) < ema_decay(14040)
 
 
+@pytest.mark.slow
 def test_gpu_weights_script_dry_run(tmp_path):
     """examples/gpu/fmnist_weights.py end to end on the CPU, one run on the bundled sample: calibration, the epochs
     and EMA decay it fits, the training command, the packed run folder a GPU call brings back."""
@@ -397,6 +402,7 @@ def test_gpu_test_runner_without_pytest_collects_every_cuda_test(monkeypatch):
     assert cuda_tests.no_tf32.is_fixture
 
 
+@pytest.mark.slow
 def test_gpu_mixer_check_dry_run(tmp_path):
     """benchmarks/gpu/mixer_check.py, the prepared GPU call of the mixer work, end to end on the CPU at toy sizes:
     every section runs and lands in summary.md, in order."""

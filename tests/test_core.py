@@ -10,6 +10,7 @@ import timm_odevit  # noqa: F401  (registers the models)
 from timm_odevit.layers import FieldBlock, MultiHeadAttention
 from timm_odevit.layers.block import GELU_LIPSCHITZ
 from timm_odevit.models.families import FAMILIES, SIZES, model_name
+from tiers import slow_except
 
 # every untagged registered model: the families at each size and image size, and the ODE-ViT paper configs
 DEFAULT_MODELS = sorted(
@@ -76,7 +77,7 @@ def test_host_read_counter_sees_an_adaptive_solve(monkeypatch):
     assert len(reads) > 10
 
 
-@pytest.mark.parametrize('name', DEFAULT_MODELS)
+@pytest.mark.parametrize('name', slow_except(DEFAULT_MODELS, fast=lambda n: 'tiny' in n))
 def test_forward_reads_nothing_back(monkeypatch, name):
     """No default model reads a tensor value back to the host in forward (on CUDA each would stall the stream);
     the input checks and the ODE solver's grid are decided in Python."""
@@ -98,7 +99,7 @@ def test_nonfinite_input_still_refused_without_host_read():
     assert torch.isnan(model(x)).all()
 
 
-@pytest.mark.parametrize('family', list(FAMILIES))
+@pytest.mark.parametrize('family', slow_except(list(FAMILIES), fast=lambda f: f == 'odevit'))
 def test_compile_fullgraph_forward_backward(family, fresh_dynamo):
     """Each family compiles to one graph (fullgraph=True), forward and backward, and matches eager."""
     torch.manual_seed(0)
@@ -117,7 +118,7 @@ def test_compile_fullgraph_forward_backward(family, fresh_dynamo):
     assert model.nfe == 12
 
 
-@pytest.mark.parametrize('family', list(FAMILIES))
+@pytest.mark.parametrize('family', slow_except(list(FAMILIES), fast=lambda f: f == 'looped_vit'))
 def test_compile_fullgraph_224(family, fresh_dynamo):
     """The 224 px variants (patch 16) capture in one graph as well (dynamo only: the backend runs eagerly)."""
     model = timm.create_model(model_name(family, 'tiny'), weight_init='skip').eval()
@@ -169,7 +170,7 @@ def test_features_only_hook_fx_refused_for_shared_blocks(name, feature_cls):
         timm.create_model(name, features_only=True, feature_cls=feature_cls)
 
 
-@pytest.mark.parametrize('feature_cls', ['hook', 'fx'])
+@pytest.mark.parametrize('feature_cls', slow_except(['hook', 'fx'], fast=lambda c: c == 'hook'))
 def test_features_only_hook_fx_work_for_discrete(feature_cls):
     model = timm.create_model('ssog_vit_tiny_patch4_32', features_only=True, feature_cls=feature_cls,
                               out_indices=(3, 11))
@@ -227,7 +228,7 @@ def test_mixer_recompute_does_not_nest_in_grad_checkpointing():
     assert not mixer.within_checkpoint and math.isfinite(float(model.lipschitz_bound()))
 
 
-@pytest.mark.parametrize('family', list(FAMILIES))
+@pytest.mark.parametrize('family', slow_except(list(FAMILIES), fast=lambda f: f == 'ssog_ode'))
 def test_torch_export_and_onnx(family, fresh_dynamo):
     """Every fixed-grid family exports with torch.export, and through it to ONNX; onnxruntime agrees with torch."""
     onnxruntime = pytest.importorskip('onnxruntime')
@@ -246,6 +247,7 @@ def test_torch_export_and_onnx(family, fresh_dynamo):
     torch.testing.assert_close(torch.from_numpy(out), ref, rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_steered_option_compiles_and_exports(fresh_dynamo):
     """The steered SSoG option (a model kwarg) compiles to one graph forward and backward, and exports."""
     torch.manual_seed(0)

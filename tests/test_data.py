@@ -133,6 +133,7 @@ def _read_in_a_fresh_process(args):
     return len(data.fashion_mnist_dataset(root, 'test'))
 
 
+@pytest.mark.slow
 def test_cache_prepared_by_concurrent_processes(tmp_path):
     """Processes preparing the same cache at once (DDP ranks, parallel runs) all read a complete layout: a builder
     never moves aside a layout another process has just finished."""

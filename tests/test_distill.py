@@ -22,6 +22,7 @@ from timm_odevit.distill import (
 )
 from timm_odevit_tools.train import main as train_main
 from timm_odevit_tools.train.command import guidance_summary
+from tiers import slow_except
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SMALL_TEACHER = dict(img_size=32, patch_size=4, depth=3, num_classes=10)
@@ -94,8 +95,9 @@ def test_gradients_reach_only_student_and_projection(batch):
 
 
 # JaSMin takes each map's worst row (a max): Adam's first steps at 3e-3 jump between rows, so it gets a small rate
-@pytest.mark.parametrize('term,lr', [('state_loss', 3e-3), ('attn_loss', 3e-3), ('kd_loss', 3e-3),
-                                     ('task_loss', 3e-3), ('jasmin_loss', 1e-4)])
+@pytest.mark.parametrize('term,lr', slow_except([('state_loss', 3e-3), ('attn_loss', 3e-3), ('kd_loss', 3e-3),
+                                                 ('task_loss', 3e-3), ('jasmin_loss', 1e-4)],
+                                                fast=lambda c: c[0] == 'task_loss'))
 def test_each_loss_term_falls(batch, term, lr):
     weights = dict(state_loss_weight=0., attn_loss_weight=0., kd_loss_weight=0., task_loss_weight=0.,
                    jasmin_weight=0.)
@@ -303,6 +305,7 @@ def command(image_folder: str, out: str, *extra: str) -> list:
             *extra]
 
 
+@pytest.mark.slow
 def test_torchrun_two_ranks_end_identical(image_folder, tmp_path):
     env = dict(os.environ, OMP_NUM_THREADS='1', PYTHONPATH=REPO)
     with socket.socket() as s:  # a free port: a fixed one collides with another test run on the machine
@@ -377,9 +380,10 @@ def test_compile_wraps_the_student_and_keeps_eval_and_checkpoint_plain(batch):
     assert torch.isfinite(out['loss'])
 
 
-@pytest.mark.parametrize('name,times', [
+@pytest.mark.parametrize('name,times', slow_except([
     ('odevit_tiny_patch4_32', [0.75, 1.5, 3.]), ('looped_vit_tiny_patch4_32', [1., 3.]),
-    ('dense_vit_tiny_patch4_32', [2., 3.]), ('looped_vit_tiny_patch4_32', [1.])])
+    ('dense_vit_tiny_patch4_32', [2., 3.]), ('looped_vit_tiny_patch4_32', [1.])],
+    fast=lambda c: c[0].startswith('odevit')))
 def test_trajectory_forward_is_one_graph_with_the_last_evaluations_map(name, times, batch):
     """The guided training forward (states at the targets and the last field evaluation's attention) traces as one
     graph, and its map is the one the mixer computes at its last call (seen here by a hook, in eager)."""

@@ -95,6 +95,7 @@ def run_as_written(body: str, tmp_path: Path) -> subprocess.CompletedProcess:
                           text=True, timeout=600, cwd=str(REPO_ROOT))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('block', blocks(), ids=lambda b: b.id)
 def test_documented_commands_run_as_written(block, tmp_path):
     proc = (run_checked if block.check_why else run_as_written)(block.body, tmp_path)
@@ -125,6 +126,7 @@ def test_checked_commands_fail_on_a_wrong_command(body, problem, tmp_path):
     assert proc.returncode != 0 and problem in proc.stderr, proc.stderr[-3000:]
 
 
+@pytest.mark.slow
 def test_checked_commands_pass_a_right_one(tmp_path):
     body = ('for arch in dense_vit_tiny_patch4_32 ssog_vit_tiny_patch4_32; do\n'
             '    OMP_NUM_THREADS=1 python -m timm_odevit_tools.train --model $arch --initial-checkpoint '

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from tiers import slow_except
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 # a child that took longer than this retried: the endpoint check answers within its 2 s timeout
@@ -50,7 +51,7 @@ def _last_line(proc: subprocess.CompletedProcess) -> str:
     return proc.stderr.strip().splitlines()[-1]
 
 
-@pytest.mark.parametrize('kind', ['closed_port', 'silent_server'])
+@pytest.mark.parametrize('kind', slow_except(['closed_port', 'silent_server'], fast=lambda k: k == 'closed_port'))
 def test_dead_hub_endpoint_fails_at_once_naming_the_way_out(tmp_path, kind, silent_server):
     endpoint = silent_server if kind == 'silent_server' else f'http://127.0.0.1:{_closed_port()}'
     proc = _create(tmp_path, 'ssog_ode_tiny_patch4_32.fmnist', HF_ENDPOINT=endpoint)
@@ -96,6 +97,7 @@ def test_dead_hub_endpoint_with_a_cached_copy_loads_it_and_says_so(tmp_path):
     assert 'cannot serve' in proc.stderr and 'loads from the Hugging Face cache' in proc.stderr
 
 
+@pytest.mark.slow
 def test_headline_line_without_any_hub_loads_the_installed_copy_through_the_cache(tmp_path):
     """create_model('ssog_ode_small', pretrained=True) with no HF_ENDPOINT and an empty cache: the weights this
     install carries go into the Hugging Face cache and timm's own Hub loader reads them there; said once; the second
@@ -303,6 +305,7 @@ def test_full_disk_while_building_the_data_cache_changes_nothing_and_a_retry_suc
     assert (fm.layout_fashion_mnist(fm.SAMPLE_DIR, root) / 'FashionMNIST' / 'raw').is_dir()
 
 
+@pytest.mark.slow
 def test_training_killed_at_random_moments_resumes_to_the_uninterrupted_weights(tmp_path):
     """SIGKILL at three seeded random moments of a 3-epoch run, each time resumed from what it left (its last
     checkpoint, or from scratch when it had none): the final weights equal an uninterrupted run's to the bit, and
@@ -388,6 +391,7 @@ def test_mirror_refusal_reason_stays_one_short_line_however_broken_the_repo(tmp_
     assert 'model.safetensors' in reason and 'more problems in this repo' in reason
 
 
+@pytest.mark.slow
 def test_truncated_weights_in_the_hub_cache_name_the_folder_to_remove(tmp_path):
     """A download cut short by something else than huggingface_hub (a full disk under a copy, a crash): the cached
     file is named with the folder to remove, and loading again after removing it works."""

@@ -12,6 +12,7 @@ import torch
 from timm_odevit.layers import SeparableGaussianMixer
 from timm_odevit.layers.fused_mixer import (HAS_TRITON, einsum_mix, kernel_from_log_factors, separable_mix,
                                             separable_mix_by_head)
+from tiers import slow_except
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -80,6 +81,7 @@ def random_factors(heads: int, K: int, H: int, W: int, dtype: torch.dtype = torc
     return factors, gy, gx
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not HAS_TRITON, reason='Triton is not installed')
 def test_triton_kernel_equals_reference_under_the_interpreter():
     """Forward and the backward's transposed mixing, float32 / bfloat16 / float16, several grids, batch 1 and 32."""
@@ -115,7 +117,8 @@ def test_per_head_kernel_equals_reference(dtype, tol, channel_major):
         assert ((back[:, P:].double() - vr.grad[:, P:]).norm() / vr.grad[:, P:].norm()).item() < tol
 
 
-@pytest.mark.parametrize('num_prefix,mean,transpose', [(0, True, False), (2, True, True), (3, False, False)])
+@pytest.mark.parametrize('num_prefix,mean,transpose',
+                         slow_except([(0, True, False), (2, True, True), (3, False, False)], fast=lambda c: c[0] == 3))
 def test_op_autograd_fake_and_registration(num_prefix, mean, transpose):
     """torch.library's own checks of the op (schema, fake tensor, autograd registration, compile), and its
     backward against finite differences, for the values and the four kernel factors, kernels plain or transposed."""

@@ -31,6 +31,7 @@ from timm_odevit_tools.hub.server import REFUSED_STATUS, HubMirror, _header_safe
 from timm_odevit_tools.hub.export import stored_dtype
 from timm_odevit_tools.hub.record import RECORD_FILE, read_record, read_results, top1
 from timm_odevit_tools.hub.verify import build_manifest, sha256_file, verify_root, write_manifest
+from tiers import slow_except
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 WEIGHTS = REPO_ROOT / 'weights'
@@ -170,7 +171,7 @@ def test_tag_registered_exactly_when_weights_exist():
         assert timm.create_model(arch, pretrained=False).num_classes == 1000
 
 
-@pytest.mark.parametrize('repo', REPOS)
+@pytest.mark.parametrize('repo', slow_except(REPOS, fast=lambda r: not r.startswith(('dense_vit', 'ssog_vit'))))
 def test_config_json_is_what_save_for_hf_writes(repo, tmp_path):
     stored = WEIGHTS / repo / 'model.safetensors'
     model = timm.create_model(f'local-dir:{WEIGHTS / repo}', pretrained=True)
@@ -182,6 +183,7 @@ def test_config_json_is_what_save_for_hf_writes(repo, tmp_path):
     assert sha256_file(tmp_path / 'model.safetensors') == sha256_file(stored)
 
 
+@pytest.mark.slow
 def test_fresh_cache_head_get_then_warm_head_only_then_offline_none(mirror, tmp_path):
     hf_home = tmp_path / 'hf'
     name = f'{ARCH}.{FMNIST_TAG}'
@@ -311,6 +313,7 @@ def _eval_through_mirror(mirror, name: str, hf_home: Path) -> Dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('repo', REPOS)
 def test_card_top1_reproduces_through_mirror(repo, mirror, tmp_path):
     """Each published weight, downloaded from the mirror by name, scores on the sample what its card says."""
@@ -320,6 +323,7 @@ def test_card_top1_reproduces_through_mirror(repo, mirror, tmp_path):
     assert r['tag'] == repo.split('.', 1)[1]
 
 
+@pytest.mark.slow
 def test_untagged_name_with_pretrained_loads_the_published_tag(mirror, tmp_path):
     """create_model('ssog_ode_small', pretrained=True) works: the only published tag of that arch is loaded."""
     repo = next(r for r in REPOS if r.split('.')[0] == 'ssog_ode_small')
@@ -383,6 +387,7 @@ BAD = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('case', sorted(BAD))
 def test_bad_repo_refused_with_file_and_fix(case, bad_root, tmp_path):
     breaker, bad_file, what = BAD[case]
@@ -536,6 +541,7 @@ def test_export_and_push_dry_run(tmp_path):
     assert 'byte-identical' in lines[1] and 'DIFFERS' not in '\n'.join(lines)
 
 
+@pytest.mark.slow
 def test_export_in_half_precision_measures_the_stored_weights(tmp_path, monkeypatch):
     """--dtype float16 stores half-size weights; the card's top-1 is measured on the values the file holds (what a
     user's float32 model loads), the card says so, and a push sends the same bytes back."""
@@ -573,6 +579,7 @@ def test_export_in_half_precision_measures_the_stored_weights(tmp_path, monkeypa
     assert 'byte-identical' in lines[1] and 'DIFFERS' not in '\n'.join(lines)
 
 
+@pytest.mark.slow
 def test_card_measures_an_ode_weight_also_at_its_architectures_default_solver():
     """An ODE weight trained on another grid than its architecture's default is measured as it is solved (what
     pretrained=True gives) and, on each test set, at that default too, with the command that reproduces each; the
@@ -619,6 +626,7 @@ def test_an_ode_tag_solves_as_its_weights_were_trained_by_every_route(tmp_path):
     assert json.loads((tmp_path / 'config.json').read_text())['model_args']['ode_steps'] == steps
 
 
+@pytest.mark.slow
 def test_remeasure_rerenders_a_folder_at_the_solver_it_trained_with(tmp_path):
     """`hub remeasure` re-measures a published folder at the solver its last stage trained with and re-renders its
     card, record (the stages kept) and config.json; the weights file keeps its bytes and the folder verifies. A
@@ -649,6 +657,7 @@ def test_remeasure_rerenders_a_folder_at_the_solver_it_trained_with(tmp_path):
         hub_main(['remeasure', str(repo), '--no-full'])
 
 
+@pytest.mark.slow
 def test_demo_prints_top1_through_mirror(capsys):
     from timm_odevit_tools.hub.demo import DEFAULT_MODEL, DEFAULT_REPO, main
     # the weights the demo's untagged name resolves to (test_untagged_name_... above)
@@ -679,7 +688,8 @@ def test_export_records_the_size_the_run_trained_at(tmp_path):
         hub_main(['export', str(ckpt), '--tag', 'big', '--root', str(tmp_path / 'w'), '--no-full', '--img-size', '32'])
 
 
-@pytest.mark.parametrize('arch', ['ssog_ode_tiny_patch4_32', 'looped_vit_tiny_patch4_32', 'dense_vit_tiny_patch4_32'])
+@pytest.mark.parametrize('arch', slow_except(['ssog_ode_tiny_patch4_32', 'looped_vit_tiny_patch4_32',
+                                              'dense_vit_tiny_patch4_32'], fast=lambda a: a.startswith('looped')))
 def test_export_keeps_the_depth_a_run_trained_at(arch, tmp_path):
     # a weight-shared trunk's depth shows in no tensor shape: exported at the default depth, it would load silently
     import argparse
@@ -732,6 +742,7 @@ def _run_checkpoint(run: Path, argv: List[str], record: Optional[Dict] = None) -
     return run / 'last.pth.tar'
 
 
+@pytest.mark.slow
 def test_export_of_a_next_stage_states_every_stage(tmp_path):
     """A run started from published weights (--initial-checkpoint) exports a card with each stage's recipe and command
     and the earlier weights named by hash; the budget adds the stages up and the matched table pairs twins whose

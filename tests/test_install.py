@@ -73,6 +73,7 @@ def _poison_data_cache(cache: Path) -> None:
         (raw / 't10k-labels-idx1-ubyte').write_bytes(b'\x00\x00\x08\x01' + (0).to_bytes(4, 'big'))
 
 
+@pytest.mark.slow
 def test_main_command_runs_from_a_normal_install(installed):
     python, env, work = installed
     pkg = _site_package(python, env, work)
@@ -94,6 +95,7 @@ def test_main_command_runs_from_a_normal_install(installed):
     assert list(work.iterdir()) == [], 'the main command must not write into the working folder'
 
 
+@pytest.mark.slow
 def test_main_command_says_what_is_missing(installed):
     python, env, work = installed
     pkg = _site_package(python, env, work)

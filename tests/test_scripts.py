@@ -25,6 +25,7 @@ from timm.utils import CheckpointSaver, ModelEmaV3
 
 from timm_odevit import _autoload
 from timm_odevit_tools import data as fm
+from tiers import slow_except
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 WEIGHTS = REPO_ROOT / 'weights'
@@ -48,7 +49,7 @@ def _args(**kw) -> argparse.Namespace:
     return argparse.Namespace(**base)  # what train.py saves in checkpoints
 
 
-@pytest.mark.parametrize('name', MODELS)
+@pytest.mark.parametrize('name', slow_except(MODELS, fast=lambda n: n.startswith('ssog_ode')))
 def test_train_py_calls(name, tmp_path):
     torch.manual_seed(0)
     model = _train_py_model(name)
@@ -96,6 +97,7 @@ def test_train_py_calls(name, tmp_path):
         assert torch.equal(resumed.eval()(x), model.eval()(x))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('amp_dtype', [None, torch.float16], ids=['float32', 'amp_float16'])
 def test_validate_py_calls_on_published_weights(tmp_path, amp_dtype):
     # validate.py: create_model(model, pretrained, num_classes, in_chans, global_pool, scriptable, **model_kwargs);
@@ -153,6 +155,7 @@ def _clean_env():
     return {k: v for k, v in os.environ.items() if k not in ('PYTHONPATH',)}
 
 
+@pytest.mark.slow
 def test_launcher_runs_script_with_its_argv(tmp_path):
     script = tmp_path / 'validate.py'
     script.write_text(SCRIPT)
@@ -190,6 +193,7 @@ def _python_with_site(site: Path, code: str, cwd: Path, **env):
                           cwd=str(cwd), env={**_clean_env(), **env})
 
 
+@pytest.mark.slow
 def test_import_hook_registers_on_import_timm_alone(site_dir, tmp_path):
     code = ("assert 'timm' not in sys.modules and 'timm_odevit' not in sys.modules and 'torch' not in sys.modules\n"
             "import timm\nprint(timm.is_model('ssog_ode_small'), timm.is_model('looped_vit_tiny'), "
@@ -200,8 +204,10 @@ def test_import_hook_registers_on_import_timm_alone(site_dir, tmp_path):
     assert off.stdout.split() == ['False', 'False', 'False'], off.stderr
 
 
-@pytest.mark.parametrize('plugin_text,reason', [("raise RuntimeError('plugin exploded')\n", 'plugin exploded'),
-                                                ('import sys\nsys.exit(3)\n', 'SystemExit')],
+@pytest.mark.parametrize('plugin_text,reason',
+                         slow_except([("raise RuntimeError('plugin exploded')\n", 'plugin exploded'),
+                                      ('import sys\nsys.exit(3)\n', 'SystemExit')],
+                                     fast=lambda c: c[1] == 'SystemExit'),
                          ids=['raises', 'calls_sys_exit'])
 def test_import_hook_failure_is_a_warning(site_dir, tmp_path, plugin_text, reason):
     # a broken plugin earlier on sys.path, even one ending the process: `import timm` still works and says why
@@ -225,8 +231,10 @@ def test_import_hook_costs_nothing_without_timm(site_dir, tmp_path):
     assert r.stdout.strip() == repr([_autoload.MODULE_NAME])
 
 
-@pytest.mark.parametrize('module_text', ["raise RuntimeError('autoload exploded')\n", 'import sys\nsys.exit(4)\n',
-                                         'def install(:\n'], ids=['raises', 'exits', 'syntax_error'])
+@pytest.mark.parametrize('module_text',
+                         slow_except(["raise RuntimeError('autoload exploded')\n", 'import sys\nsys.exit(4)\n',
+                                      'def install(:\n'], fast=lambda t: 'exit' in t),
+                         ids=['raises', 'exits', 'syntax_error'])
 def test_broken_autoload_module_is_silent_at_start_up(site_dir, tmp_path, module_text):
     (site_dir / f'{_autoload.MODULE_NAME}.py').write_text(module_text)
     r = _python_with_site(site_dir, "import timm\nprint('ok', timm.is_model('resnet50'))", tmp_path)

@@ -26,6 +26,7 @@ from experiments.study.recipes import write_recipes
 from timm_odevit_tools.train import read_checkpoint
 from experiments.study.report import write_report
 from experiments.study.runs import _claim, is_done, run_dir, train_command
+from tiers import slow_except
 
 REPO = Path(__file__).resolve().parent.parent
 TINY = StudyRecipe(train_samples=48, val_samples=32, epochs=2, batch_size=16)
@@ -69,6 +70,7 @@ def study(idx_folder, tmp_path_factory):
     return root, runs, statuses
 
 
+@pytest.mark.slow
 def test_runs_train_log_and_resume(study):
     root, runs, statuses = study
     assert statuses == ['trained', 'trained']
@@ -119,6 +121,7 @@ def test_elasticity_grid_and_nfe(study):
         parse_solver('euler')
 
 
+@pytest.mark.slow
 def test_export_card_carries_measured_top1(study, tmp_path):
     root, runs, _ = study
     best = best_runs(root)
@@ -197,6 +200,7 @@ def guidance(idx_folder, tmp_path_factory):
     return root, setup, statuses
 
 
+@pytest.mark.slow
 def test_guidance_report_pairs_seeds_and_reads_the_trajectory(guidance, idx_folder):
     root, setup, statuses = guidance
     assert statuses == ['trained'] * 4
@@ -259,6 +263,7 @@ def test_guidance_report_keeps_the_committed_trajectory_of_runs_without_checkpoi
         guidance_report(root)
 
 
+@pytest.mark.slow
 def test_guidance_report_full_test_per_seed_on_grid_and_registered_solver(guidance, idx_folder, tmp_path):
     """--full-test: each run's last-epoch weights on the whole test split, at the registered solver and on the
     training grid, cached in the run's full_test.json so that the table survives the checkpoints."""
@@ -302,6 +307,7 @@ def test_guidance_report_full_test_per_seed_on_grid_and_registered_solver(guidan
         write_guidance_report(root, test_samples=32, data_dir=str(idx_folder))
 
 
+@pytest.mark.slow
 def test_guidance_runner_measures_each_run_on_the_full_test_as_it_ends(guidance, idx_folder, tmp_path):
     """The command's runner writes each run's full_test.json while its checkpoint is still there, so that a
     checkpoint lost with a machine leaves the run in the full-test table; the file holds what the report measures."""
@@ -324,6 +330,7 @@ def test_guidance_runner_measures_each_run_on_the_full_test_as_it_ends(guidance,
         assert record_full_test(run, meta['setup'], str(idx_folder)) == written
 
 
+@pytest.mark.slow
 def test_guided_run_records_and_cards_its_guidance(guidance, tmp_path):
     """A guided run's results.json holds its guidance with the defaults resolved (attention, JaSMin and logit KD on
     for an attention student and a same-label teacher); its exported card names the teacher, the student times of
@@ -434,7 +441,8 @@ def test_committed_recipes_are_current(tmp_path):
         assert committed.read_text() == path.read_text(), f'{committed} is stale: python -m experiments.study recipes'
 
 
-@pytest.mark.parametrize('name', sorted(p.name for p in (REPO / 'examples').glob('*.yaml')))
+@pytest.mark.parametrize('name', slow_except(sorted(p.name for p in (REPO / 'examples').glob('*.yaml')),
+                                              fast=lambda n: n.startswith('fmnist')))
 def test_recipe_keys_are_train_py_options_and_model_builds(name):
     dests = set((REPO / 'tests' / 'data' / 'timm_train_py_dests.txt').read_text().split())
     cfg = yaml.safe_load((REPO / 'examples' / name).read_text())

@@ -12,11 +12,17 @@ import torch
 import timm_odevit  # noqa: F401
 from timm_odevit.layers import OdeSolverError
 from timm_odevit_tools.zoo import FAMILIES, PAPER_CONFIGS, paper_trainable_params, param_reduction
+from tiers import slow_except
 
 SMALL = '_tiny_patch4_32'
 
+# the fast tier's representatives: the weight-shared and continuous-depth families (the discrete ones build the
+# same blocks)
+SHARED_FAMILIES = ('looped_ssog', 'ssog_ode', 'looped_vit', 'odevit')
 
-@pytest.mark.parametrize('family', list(FAMILIES))
+
+@pytest.mark.parametrize('family', slow_except(list(FAMILIES), fast=lambda f: f not in ('ssog_vit_steer',
+                                                                                        'dense_vit')))
 def test_family_forward_backward(family):
     model = timm.create_model(family + SMALL, num_classes=10)
     x = torch.randn(2, 3, 32, 32)
@@ -50,8 +56,8 @@ def test_every_registered_name_has_its_family():
         family_of('vit_tiny_patch16_224')
 
 
-@pytest.mark.parametrize('ssog,dense', [('ssog_vit', 'dense_vit'), ('looped_ssog', 'looped_vit'),
-                                        ('ssog_ode', 'odevit')])
+@pytest.mark.parametrize('ssog,dense', slow_except([('ssog_vit', 'dense_vit'), ('looped_ssog', 'looped_vit'),
+                                                     ('ssog_ode', 'odevit')], fast=lambda c: c[0] != 'ssog_vit'))
 def test_twins_differ_only_in_mixer(ssog, dense):
     a = timm.create_model(ssog + SMALL)
     b = timm.create_model(dense + SMALL)
@@ -104,7 +110,8 @@ def test_change_solver_on_built_model():
         timm.create_model('ssog_vit' + SMALL).set_solver(method='rk4')
 
 
-@pytest.mark.parametrize('name,size', [('ssog_ode_tiny', 1024), ('odevit_tiny', 384), ('ssog_vit_tiny', 320)])
+@pytest.mark.parametrize('name,size', slow_except([('ssog_ode_tiny', 1024), ('odevit_tiny', 384),
+                                                   ('ssog_vit_tiny', 320)], fast=lambda c: c[0] == 'odevit_tiny'))
 def test_dynamic_img_size(name, size):
     model = timm.create_model(name, dynamic_img_size=True).eval()
     with torch.no_grad():
@@ -131,7 +138,8 @@ def test_features_only(family):
     assert model.feature_info.channels() == [192] * 3
 
 
-@pytest.mark.parametrize('family', ['ssog_vit', 'looped_ssog', 'ssog_ode', 'odevit'])
+@pytest.mark.parametrize('family', slow_except(['ssog_vit', 'looped_ssog', 'ssog_ode', 'odevit'],
+                                                fast=lambda f: f in ('looped_ssog', 'ssog_ode')))
 def test_grad_checkpointing_same_gradients(family):
     torch.manual_seed(0)
     model = timm.create_model(family + SMALL, num_classes=5)
@@ -154,7 +162,7 @@ def test_grad_checkpointing_same_gradients(family):
     torch.testing.assert_close(grads[0], grads[1])
 
 
-@pytest.mark.parametrize('family', list(FAMILIES))
+@pytest.mark.parametrize('family', slow_except(list(FAMILIES), fast=lambda f: f in SHARED_FAMILIES))
 def test_autocast_bf16(family):
     model = timm.create_model(family + SMALL, num_classes=10)
     with torch.autocast('cpu', dtype=torch.bfloat16):
@@ -236,7 +244,9 @@ PRECISION_TOLERANCE = {torch.float16: 0.01, torch.bfloat16: 0.03}
 
 @pytest.mark.parametrize('cast', ['autocast', 'weights'])
 @pytest.mark.parametrize('dtype', [torch.float16, torch.bfloat16], ids=['float16', 'bfloat16'])
-@pytest.mark.parametrize('family,kwargs', [(f, {}) for f in FAMILIES] + [('ssog_ode', dict(ssog_steer=True))],
+@pytest.mark.parametrize('family,kwargs',
+                         slow_except([(f, {}) for f in FAMILIES] + [('ssog_ode', dict(ssog_steer=True))],
+                                     fast=lambda c: c[0] in SHARED_FAMILIES and not c[1]),
                          ids=list(FAMILIES) + ['ssog_ode_steer'])
 def test_logits_match_float32_in_half_precision(family, kwargs, dtype, cast):
     """Every family in the precisions timm runs: under autocast (train.py / validate.py --amp, float16 by default)
@@ -256,6 +266,7 @@ def test_logits_match_float32_in_half_precision(family, kwargs, dtype, cast):
     assert err < PRECISION_TOLERANCE[dtype], f'{family} {cast} {dtype}: logits {err:.2%} from float32'
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('name', ['ssog_vit_tiny_patch4_32.fmnist', 'looped_ssog_tiny_patch4_32.fmnist',
                                   'ssog_ode_tiny_patch4_32.fmnist'])
 def test_published_ssog_weights_score_alike_in_float16(name):

@@ -1,27 +1,49 @@
-"""Which tests are slow: ``tests/slow_tests.txt``, from the durations of a full run (docs/testing.md, "Two tiers").
+"""The suite's two tiers (docs/testing.md, "Two tiers"): the rule that makes a test slow, the helper that marks the
+slow cases of a parametrized test in its file, and a check of a full run's durations against the rule.
+
+A test carries ``@pytest.mark.slow`` in its file when a case of it
+
+- starts an interpreter that does real work (a documented command, a training, export or hub command, timm's
+  scripts, torchrun, a fresh virtual environment), or
+- takes more than ``MAX_CASE_S`` seconds in a full run on 2 cores (compiling, exporting, scoring published weights).
+
+A parametrized test keeps the cases that exercise its code at least cost in the fast tier and marks the others with
+``slow_except``. timm's own model tests are slow by ``conftest.py`` (the file is fetched, not ours to mark).
 
     python -m pytest --durations=0 --durations-min=0 > /tmp/full.log
-    python tests/tiers.py /tmp/full.log --out tests/slow_tests.txt
+    python tests/tiers.py /tmp/full.log
 
-The fast tier (``python -m pytest -m "not slow"``) keeps, within ``BUDGET_S`` seconds of measured test time, the
-cheapest case of each test function first, cheapest functions first (so that as many functions as fit, and the
-modules they exercise, run in it), and then the cheapest of the rest; every other test is marked slow by
-``conftest.py``. A test that the log does not list (a new
-one, or one faster than pytest's reporting threshold) stays fast until the list is made again.
+prints the fast tier's tests that break the time rule and the fast tier's measured seconds.
 """
 import argparse
 import re
 import sys
 from collections import defaultdict
 from pathlib import Path
-from typing import Dict, Iterable, List, Optional
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
-# seconds of measured test time the fast tier may hold: its wall time is about twice that (start-up, collection,
-# module fixtures paid by another test than in the full run), 6 to 7 minutes of its 8 on 2 cores
-BUDGET_S = 200.0
-# a function whose cheapest case takes longer than this is slow as a whole
+import pytest
+
+# a case that takes longer than this in a full run on 2 cores is slow
 MAX_CASE_S = 20.0
+# the fast tier's measured test time should stay under this: its wall time is about 1.5x (start-up, collection,
+# module fixtures), within 5 minutes on 2 cores
+BUDGET_S = 200.0
 _LINE = re.compile(r'^\s*(?P<s>[\d.]+)s (?:setup|call|teardown)\s+(?P<id>\S+)')
+
+
+def slow_except(cases: Sequence[Any], fast: Callable[[Any], bool]) -> List[Any]:
+    """``cases`` for ``pytest.mark.parametrize`` with every case for which ``fast(case)`` is false marked slow (ids as
+    pytest would give the bare cases; a case that is already a ``pytest.param`` keeps its own id and marks)."""
+    out = []
+    for case in cases:
+        if isinstance(case, type(pytest.param(None))):
+            out.append(case if fast(case.values[0] if len(case.values) == 1 else case.values) else
+                       pytest.param(*case.values, id=case.id, marks=[*case.marks, pytest.mark.slow]))
+        else:
+            out.append(case if fast(case) else pytest.param(*case if isinstance(case, tuple) else (case,),
+                                                            marks=pytest.mark.slow))
+    return out
 
 
 def durations(lines: Iterable[str]) -> Dict[str, float]:
@@ -34,22 +56,18 @@ def durations(lines: Iterable[str]) -> Dict[str, float]:
     return dict(out)
 
 
-def slow_tests(times: Dict[str, float], budget: float = BUDGET_S, max_case: float = MAX_CASE_S) -> List[str]:
-    """The test ids outside the fast tier (see the module's docstring), sorted."""
-    by_function: Dict[str, List[str]] = defaultdict(list)
-    for test in times:
-        by_function[test.split('[')[0]].append(test)
-    fast, spent = set(), 0.0
-    cheapest = sorted(min(cases, key=times.get) for cases in by_function.values())
-    for test in sorted(cheapest, key=times.get):
-        if times[test] <= max_case and spent + times[test] <= budget:
-            fast.add(test)
-            spent += times[test]
-    for test in sorted(set(times) - fast, key=times.get):
-        if times[test] <= max_case and spent + times[test] <= budget:
-            fast.add(test)
-            spent += times[test]
-    return sorted(set(times) - fast)
+def fast_tier(paths: Sequence[str] = ('tests',)) -> List[str]:
+    """The ids of the fast tier, as ``pytest -m "not slow" --collect-only`` lists them."""
+    import subprocess
+    r = subprocess.run([sys.executable, '-m', 'pytest', '-m', 'not slow', '--collect-only', '-q', '-p',
+                        'no:cacheprovider', *paths], capture_output=True, text=True)
+    return [ln.strip() for ln in r.stdout.splitlines() if '::' in ln]
+
+
+def check(times: Dict[str, float], fast: Sequence[str], max_case: float = MAX_CASE_S) -> Tuple[List[str], float]:
+    """The fast tier's tests that took longer than ``max_case`` (slowest first) and its measured seconds."""
+    over = sorted((t for t in fast if times.get(t, 0.0) > max_case), key=lambda t: -times[t])
+    return over, sum(times.get(t, 0.0) for t in fast)
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -57,20 +75,21 @@ def main(argv: Optional[List[str]] = None) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument('logs', nargs='+', help='the output of a full run with --durations=0 --durations-min=0 '
                                                   '(several: each test at its longest)')
-    parser.add_argument('--out', required=True, help='the list to write, tests/slow_tests.txt')
     args = parser.parse_args(argv)
     times: Dict[str, float] = {}
     for log in args.logs:
         for test, seconds in durations(Path(log).read_text().splitlines()).items():
-            # timm's own model tests are slow by conftest.py's rule, whatever they took
-            if not test.startswith('tests/timm_suite/'):
-                times[test] = max(seconds, times.get(test, 0.0))
+            times[test] = max(seconds, times.get(test, 0.0))
     if not times:
         print(f'{" ".join(args.logs)}: no --durations report; run the suite with --durations=0 --durations-min=0',
               file=sys.stderr)
         return 1
-    Path(args.out).write_text('\n'.join(slow_tests(times)) + '\n')
-    return 0
+    over, spent = check(times, fast_tier())
+    for test in over:
+        print(f'{times[test]:7.1f}s  {test}  (fast tier, over {MAX_CASE_S:.0f} s: mark it slow)')
+    print(f'fast tier: {spent:.0f} s of measured test time (budget {BUDGET_S:.0f} s); {len(over)} over '
+          f'{MAX_CASE_S:.0f} s')
+    return 1 if over or spent > BUDGET_S else 0
 
 
 if __name__ == '__main__':
