@@ -153,6 +153,19 @@ def test_readme_is_a_landing_page():
         assert f'docs/{page}.md' in text, f'README does not link docs/{page}.md'
 
 
+# history belongs in CHANGELOG.md: the pages describe the project as it is (generated tables aside, which quote their
+# results files)
+_DIARY = re.compile(r'\bsessions?\b|\bissues? \d+|\bissue-\d+|\(historical\)', re.I)
+
+
+@pytest.mark.parametrize('page', PAGES, ids=_rel)
+def test_pages_describe_today_not_history(page):
+    text = _TABLE.sub('', page.read_text())
+    found = [(text[:m.start()].count('\n') + 1, m[0]) for m in _DIARY.finditer(text)]
+    assert not found, f'{_rel(page)} narrates history at (line in the page without its tables, words) {found}: ' \
+                      f'describe today and move what happened to CHANGELOG.md'
+
+
 def test_pages_count_the_registered_models():
     import timm
     import timm_odevit  # noqa: F401

@@ -147,8 +147,8 @@ def test_the_library_is_formatted_as_timm_is():
     (['timm_odevit.hub', 'evaluate', '--help'], 'usage: python -m timm_odevit_tools.hub evaluate'),
 ])
 def test_the_librarys_command_names_run_the_tools(argv, says, tmp_path):
-    """``python -m timm_odevit`` (the README's main command) and the names published cards give
-    (``timm_odevit.train``, ``timm_odevit.hub evaluate``) run the tools' commands, from any folder."""
+    """``python -m timm_odevit`` (the README's main command) and the names published cards and their earlier revisions
+    give (``timm_odevit.train``, ``timm_odevit.hub evaluate``) run the tools' commands, from any folder."""
     env = {k: v for k, v in os.environ.items() if k != 'PYTHONPATH'}
     r = subprocess.run([sys.executable, '-m', *argv], capture_output=True, text=True, timeout=600, cwd=tmp_path,
                        env=dict(env, PYTHONPATH=str(REPO_ROOT)))

@@ -1,0 +1,146 @@
+"""Facts the README and docs/ state in prose, checked against their sources: the registry's model count wherever a
+page gives it, the published weights' numbers the prose quotes (from their records and cards), the commands the
+cards name, and links to headings. tests/test_docs.py checks the generated tables, examples and files linked."""
+import importlib.util
+import re
+from pathlib import Path
+from typing import List, Set
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+README = REPO_ROOT / 'README.md'
+DOCS = REPO_ROOT / 'docs'
+PAGES = [README] + sorted(DOCS.glob('*.md'))
+WEIGHTS = REPO_ROOT / 'weights'
+
+_FENCE = re.compile(r'^```\w*\n.*?^```$', re.S | re.M)
+_TABLE = re.compile(r'<!-- table: [^>]+? -->\n.*?\n<!-- end table -->', re.S)
+
+# how the pages give the number of registered models; each phrasing must occur on some page, so a rewording that
+# drops a count from the check fails here instead
+MODEL_COUNTS = (r'(\d+) models in all', r'all (\d+) of our models', r'every registered model \(all (\d+)')
+
+# a page names the machine a figure was measured on: "this CPU" meant three different machines across the pages
+# (tests/test_docs.py keeps sessions and issue numbers off the pages)
+UNNAMED_MACHINE = (r'\bthis CPU\b', r'\bthis machine\b')
+
+
+def _rel(p: Path) -> str:
+    return p.relative_to(REPO_ROOT).as_posix()
+
+
+def _prose(page: Path) -> str:
+    """The page without its code blocks and generated tables, whitespace collapsed (a phrase may wrap)."""
+    return ' '.join(_TABLE.sub('', _FENCE.sub('', page.read_text())).split())
+
+
+def test_pages_give_the_registered_model_count_wherever_they_count():
+    import timm
+    import timm_odevit  # noqa: F401
+    registered = str(len(timm.list_models(module=['odevit', 'ssog'])))
+    for phrasing in MODEL_COUNTS:
+        found = [(_rel(p), n) for p in PAGES for n in re.findall(phrasing, _prose(p))]
+        assert found, f'no page counts the models as {phrasing!r} any more: update MODEL_COUNTS'
+        wrong = [(page, n) for page, n in found if n != registered]
+        assert not wrong, f'{wrong}: {registered} models are registered'
+
+
+def _ode_grid_gaps() -> List[float]:
+    """Full-test top-1 at the tag's solver minus at the architecture's default, for each published weight that has
+    both (the weights table's last two columns)."""
+    from experiments.tables import weight_facts
+    gaps = []
+    for repo in sorted(p for p in WEIGHTS.iterdir() if p.is_dir()):
+        facts = weight_facts(repo)
+        if 'test_default_solver' in facts:
+            gaps.append(float(facts['test']) - float(facts['test_default_solver']))
+    return gaps
+
+
+def test_hub_page_gives_the_ode_weights_loss_at_the_default_grid():
+    gaps = _ode_grid_gaps()
+    assert gaps and all(g > 0 for g in gaps), f'a tiny ODE weight no longer scores lower at 12 steps: {gaps}'
+    want = f'{min(gaps):.2f} to {max(gaps):.2f} points lower'
+    assert want in _prose(DOCS / 'hub.md'), f'docs/hub.md should say the ODE tags score {want} at the default grid'
+
+
+def test_readme_gives_the_published_guided_gaps_with_their_sign():
+    from experiments.tables import guided_pairs, weight_facts
+    prose = _prose(README)
+    pairs = list(guided_pairs(WEIGHTS))
+    assert pairs
+    for _, _, scratch, guided in pairs:
+        g, s = weight_facts(guided), weight_facts(scratch)
+        gaps = [float(g['test']) - float(s['test'])]
+        if 'test_default_solver' in g and 'test_default_solver' in s:
+            gaps.append(float(g['test_default_solver']) - float(s['test_default_solver']))
+        for gap in gaps:
+            # a gap of 0.00 may be printed as +0.00 or -0.00: the guided table prints it with a plus
+            shown = f'{gap:+.2f}'.replace('-0.00', '+0.00')
+            assert re.search(rf'(?<![\d.]){re.escape(shown)}(?![\d])', prose), \
+                f'README does not give {guided.name} minus {scratch.name}, {shown} points, in its prose'
+
+
+def _card_modules() -> Set[str]:
+    return {m for card in WEIGHTS.glob('*/README.md') for m in re.findall(r'python -m ([\w.]+)', card.read_text())}
+
+
+def test_layout_page_names_the_commands_the_cards_name():
+    modules = _card_modules()
+    assert modules, 'no published card names a command'
+    layout = _prose(DOCS / 'layout.md')
+    for module in sorted(modules):
+        assert importlib.util.find_spec(module) is not None, f'the cards name `python -m {module}`, which is gone'
+        assert f'python -m {module}' in layout, f'the cards name `python -m {module}`; docs/layout.md does not'
+    # and the sentence saying what the cards name names nothing they do not
+    claim = re.search(r'The published model cards name (.+?)\. [A-Z]', layout)
+    assert claim, 'docs/layout.md no longer says which commands the published cards name'
+    cards = ' '.join(' '.join(c.read_text().split()) for c in WEIGHTS.glob('*/README.md'))
+    for command in re.findall(r'`(python -m [\w.]+(?: [a-z]+)?)', claim.group(1)):
+        assert command in cards, f'docs/layout.md says the published cards name `{command}`; none does'
+
+
+def _slug(heading: str) -> str:
+    """GitHub's anchor for a heading: lower case, punctuation dropped (hyphens and underscores kept), spaces to
+    hyphens."""
+    return re.sub(r'[^\w\- ]', '', heading.strip().lower()).replace(' ', '-')
+
+
+def _anchors(page: Path) -> Set[str]:
+    text = _FENCE.sub('', page.read_text())
+    seen: dict = {}
+    out = set(re.findall(r'<a (?:id|name)="([^"]+)"', text))
+    for m in re.finditer(r'^#{1,6} (.+?)\s*$', text, re.M):
+        slug = _slug(m.group(1))
+        n = seen.get(slug, 0)
+        out.add(slug if n == 0 else f'{slug}-{n}')
+        seen[slug] = n + 1
+    return out
+
+
+def test_slug_is_githubs():
+    assert _slug("Teacher guidance, matched (`python -m experiments.study guidance`)") == \
+        'teacher-guidance-matched-python--m-experimentsstudy-guidance'
+    assert _slug('Distillation: the task behind `--teacher`') == 'distillation-the-task-behind---teacher'
+
+
+@pytest.mark.parametrize('page', PAGES, ids=_rel)
+def test_links_to_headings_resolve(page):
+    text = _FENCE.sub('', page.read_text())
+    broken = []
+    for link in re.findall(r'\]\(([^)\s]+)\)', text):
+        if re.match(r'[a-z]+:', link) or '#' not in link:
+            continue
+        path, anchor = link.split('#', 1)
+        target = (page.parent / path).resolve() if path else page
+        if target.suffix == '.md' and target.is_file() and anchor not in _anchors(target):
+            broken.append(link)
+    assert not broken, f'{_rel(page)}: links to headings that do not exist: {broken}'
+
+
+@pytest.mark.parametrize('page', PAGES, ids=_rel)
+def test_pages_name_the_machine_a_figure_was_measured_on(page):
+    text = ' '.join(page.read_text().split())
+    found = [m.group(0) for word in UNNAMED_MACHINE for m in re.finditer(word, text, re.I)]
+    assert not found, f'{_rel(page)} says {found}: name the machine (and its date) a figure was measured on'
