@@ -29,7 +29,8 @@ def _ptxas() -> str:
 
 
 def compile_config(width: int, dtype: str, transpose: bool, arch: int) -> Dict[str, int]:
-    """Registers, spill bytes (stores + loads) and shared memory of one configuration, compiled for ``sm_<arch>``."""
+    """Registers, spill bytes (stores + loads), shared memory and the PTX's tensor-core (``mma``/``wgmma``) and
+    float32 ``fma`` instructions (static counts) of one configuration, compiled for ``sm_<arch>``."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -40,7 +41,11 @@ def compile_config(width: int, dtype: str, transpose: bool, arch: int) -> Dict[s
     constexprs = dict(MEAN_PREFIX=True, TRANSPOSE=transpose, LOG_NEGLIGIBLE=math.log(negligible_weight(torch.float32)),
                       IEEE=dtype == 'float32', UPCAST=False, BI=config['BI'], BW=config['BW'], BD=config['BD'])
     signature.update({k: 'constexpr' for k in constexprs})
-    kernel = triton.compile(ASTSource(fn=_separable_mix_kernel, signature=signature, constexprs=constexprs),
+    # as a launch specializes them: the pointers, C and D (head dim 64), a grid side of 32 or 64 divisible by 16
+    aligned = [k for k in signature if k.endswith('_ptr')] + ['C', 'D'] + ['H', 'W'] * (width % 16 == 0)
+    attrs = {(_separable_mix_kernel.arg_names.index(k),): [['tt.divisibility', 16]] for k in aligned}
+    kernel = triton.compile(ASTSource(fn=_separable_mix_kernel, signature=signature, constexprs=constexprs,
+                                      attrs=attrs),
                             target=GPUTarget('cuda', arch, 32), options={'num_warps': config['num_warps']})
     with tempfile.TemporaryDirectory() as tmp:
         ptx = os.path.join(tmp, 'kernel.ptx')
@@ -53,7 +58,9 @@ def compile_config(width: int, dtype: str, transpose: bool, arch: int) -> Dict[s
     spills = re.search(r'(\d+) bytes spill stores, (\d+) bytes spill loads', r.stderr)
     return {'registers': int(re.search(r'Used (\d+) registers', r.stderr).group(1)),
             'spill_bytes': int(spills.group(1)) + int(spills.group(2)),
-            'shared_bytes': int(kernel.metadata.shared), 'warps': config['num_warps']}
+            'shared_bytes': int(kernel.metadata.shared), 'warps': config['num_warps'],
+            'mma': len(re.findall(r'^\s*(?:wgmma\.mma_async|mma)\.', kernel.asm['ptx'], re.M)),
+            'fma': len(re.findall(r'^\s*fma\.rn\.f32', kernel.asm['ptx'], re.M))}
 
 
 def configurations() -> List[Tuple[int, int, str, bool, int]]:
@@ -86,10 +93,10 @@ def test_the_dispatcher_refuses_grids_wider_than_the_compiled_ones():
 
 
 if __name__ == '__main__':
-    print('| px | dtype | transposed | arch | warps | registers | spill bytes | shared bytes |\n'
-          '|---:|---|---|---:|---:|---:|---:|---:|')
+    print('| px | dtype | transposed | arch | warps | registers | spill bytes | shared bytes | mma | fma |\n'
+          '|---:|---|---|---:|---:|---:|---:|---:|---:|---:|')
     for px, width, dtype, transpose, arch in configurations():
         i = compile_config(width, dtype, transpose, arch)
         print(f"| {px} | {dtype} | {'yes' if transpose else 'no'} | sm_{arch} | {i['warps']} | {i['registers']} | "
-              f"{i['spill_bytes']} | {i['shared_bytes']} |", flush=True)
+              f"{i['spill_bytes']} | {i['shared_bytes']} | {i['mma']} | {i['fma']} |", flush=True)
     sys.exit(0)

@@ -62,15 +62,28 @@ def _mix_columns(vp: torch.Tensor, gx: torch.Tensor) -> torch.Tensor:
 
 if HAS_TRITON:
     @triton.jit
-    def _kernel_entries(band_ptr, rows_ptr, out_idx, src_idx, n, mask, TRANSPOSE: tl.constexpr,
+    def _kernel_entries(band_ptr, rows_ptr, hk, out_idx, src_idx, n, TRANSPOSE: tl.constexpr,
                         LOG_NEGLIGIBLE: tl.constexpr):
-        """G[out, src] (G^T with TRANSPOSE) from the log factors in float32: ``kernel_from_log_factors``."""
-        if TRANSPOSE:  # (the zero terms broadcast the row index to the mask's shape)
-            row, m = src_idx + 0 * out_idx, src_idx - out_idx + n - 1
-        else:
-            row, m = out_idx + 0 * src_idx, out_idx - src_idx + n - 1
-        logit = tl.load(band_ptr + m, mask=mask, other=0.) + tl.load(rows_ptr + row, mask=mask, other=0.)
+        """G_hk[out, src] (G^T with TRANSPOSE), zero outside n x n: ``kernel_from_log_factors`` in float32."""
+        if TRANSPOSE:  # G^T[out, src] = G[src, out]
+            out_idx, src_idx = src_idx, out_idx
+        row, m, mask = out_idx + 0 * src_idx, out_idx - src_idx + n - 1, (out_idx < n) & (src_idx < n)
+        logit = tl.load(band_ptr + hk * (2 * n - 1) + m, mask=mask) + tl.load(rows_ptr + hk * n + row, mask=mask)
         return tl.where(mask & (logit >= LOG_NEGLIGIBLE), tl.exp(logit), 0.)
+
+    @triton.jit
+    def _dot(a, b, acc, dtype, IEEE: tl.constexpr, UPCAST: tl.constexpr):
+        """acc + a @ b on tensor cores: float16 operands, float32 values as three tf32 products (IEEE), bfloat16
+        ones as one tf32 product (rounding the kernels and T to bfloat16 took the error past the tests' 8e-3)."""
+        if dtype == tl.float16:
+            return tl.dot(a.to(dtype), b.to(dtype), acc)
+        a, b = a.to(tl.float32), b.to(tl.float32)
+        if IEEE:
+            return tl.dot(a, b, acc, input_precision='tf32x3')
+        if UPCAST:  # the interpreter multiplies float32: cut the operands to tf32 as the tensor cores read them
+            a = (a.to(tl.int32, bitcast=True) & -8192).to(tl.float32, bitcast=True)
+            b = (b.to(tl.int32, bitcast=True) & -8192).to(tl.float32, bitcast=True)
+        return tl.dot(a, b, acc, input_precision='tf32')
 
     @triton.jit
     def _separable_mix_kernel(
@@ -78,58 +91,48 @@ if HAS_TRITON:
             MEAN_PREFIX: tl.constexpr, TRANSPOSE: tl.constexpr, LOG_NEGLIGIBLE: tl.constexpr, IEEE: tl.constexpr,
             UPCAST: tl.constexpr, BI: tl.constexpr, BW: tl.constexpr, BD: tl.constexpr,
     ):
-        """Program (b, head, channel block) x (block of BI output rows, or the prefix program). Rows block: per
-        component k, G^x_k expanded once, each source row y mixed along x once (G^x_k [W, W] @ V[y] [W, BD], a
-        tensor-core dot) and added to every output row i of the block with weight a_k G^y_k[i, y]. The prefix
-        program writes the patch mean (zeros without MEAN_PREFIX) to the P prefix rows."""
-        pid = tl.program_id(0)
-        row_block = tl.program_id(1)
-        num_dblocks = tl.cdiv(D, BD)
-        d = (pid % num_dblocks) * BD + tl.arange(0, BD)
-        bh = pid // num_dblocks
-        h = bh % heads
-        b = bh // heads
+        """Program (b, head, channel block) x (BI output rows, or the prefix program: the patch mean, zeros without
+        MEAN_PREFIX). Per component and 16 columns j', the y axis as dots G^y_k[BI, 16 rows] @ V[16 rows, (j', BD)]
+        into T, then the x axis on those BI rows only: G^x_k[W, j'] @ T[j', (BI, BD)] into the result [W, (BI, BD)]."""
+        pid, row_block = tl.program_id(0), tl.program_id(1)
+        bh, d0 = pid // tl.cdiv(D, BD), pid % tl.cdiv(D, BD) * BD
+        b, h = bh // heads, bh % heads
         w = tl.arange(0, BW)
-        dmask = d < D
-        vw_mask = (w[:, None] < W) & dmask[None, :]
         # 64-bit offsets: B * N * C reaches 2^31 at 2048 px and batch 32 for the small width
-        v_base = v_ptr + b.to(tl.int64) * N * C + P * C + h * D
-        y_base = y_ptr + b.to(tl.int64) * N * C + h * D
+        v_base = v_ptr + b.to(tl.int64) * N * C + P * C + h * D + d0
+        y_base = y_ptr + b.to(tl.int64) * N * C + h * D + d0
         if row_block == tl.cdiv(H, BI):
-            mean = tl.zeros([BD], dtype=tl.float32)
+            d = tl.arange(0, BD)
+            total = tl.zeros([BW, BD], dtype=tl.float32)
             if MEAN_PREFIX:  # zeros otherwise: V is not read, and an inf patch value cannot become a NaN (inf * 0)
-                total = tl.zeros([BW, BD], dtype=tl.float32)
                 for src in range(0, H):
-                    total += tl.load(v_base + (src * W + w[:, None]) * C + d[None, :], mask=vw_mask, other=0.).to(
-                        tl.float32)
-                mean = tl.sum(total, axis=0) / (H * W)
+                    total += tl.load(v_base + (src * W + w[:, None]) * C + d[None, :],
+                                     mask=(w[:, None] < W) & (d0 + d[None, :] < D), other=0.).to(tl.float32)
             for p in range(0, P):
-                tl.store(y_base + p * C + d, mean.to(y_ptr.dtype.element_ty), mask=dmask)
+                tl.store(y_base + p * C + d, (tl.sum(total, 0) / (H * W)).to(y_ptr.dtype.element_ty), mask=d0 + d < D)
         else:
-            i = row_block * BI + tl.arange(0, BI)
-            acc = tl.zeros([BI, BW, BD], dtype=tl.float32)
-            g_mask = (w[:, None] < W) & (w[None, :] < W)
+            i, u = row_block * BI + tl.arange(0, BI), tl.arange(0, 16)
+            cw, cd = tl.arange(0, 16 * BD) // BD, tl.arange(0, 16 * BD) % BD  # (column, channel) of 16 columns
+            acc = tl.zeros([BW, BI * BD], dtype=tl.float32)
             for k in range(0, K):
-                hk = h * K + k
-                gxk = _kernel_entries(band_x_ptr + hk * (2 * W - 1), rows_x_ptr + hk * W, w[:, None], w[None, :], W,
-                                      g_mask, TRANSPOSE, LOG_NEGLIGIBLE)
-                for src in range(0, H):
-                    vt = tl.load(v_base + (src * W + w[:, None]) * C + d[None, :], mask=vw_mask, other=0.)
-                    if UPCAST:
-                        t = tl.dot(gxk.to(vt.dtype).to(tl.float32), vt.to(tl.float32), input_precision='ieee')
-                    elif IEEE:
-                        t = tl.dot(gxk, vt, input_precision='ieee')
-                    else:
-                        t = tl.dot(gxk.to(vt.dtype), vt)
-                    gyc = _kernel_entries(band_y_ptr + hk * (2 * H - 1), rows_y_ptr + hk * H, i, src, H, i < H,
-                                          TRANSPOSE, LOG_NEGLIGIBLE)
-                    acc += gyc[:, None, None] * t[None, :, :]
-            out = y_base + ((P + i[:, None, None] * W + w[None, :, None]) * C + d[None, None, :])
-            mask = (i[:, None, None] < H) & (w[None, :, None] < W) & dmask[None, None, :]
-            tl.store(out, acc.to(y_ptr.dtype.element_ty), mask=mask)
+                for w0 in range(0, W, 16):
+                    t = tl.zeros([BI, 16 * BD], dtype=tl.float32)
+                    for s0 in range(0, H, 16):
+                        gy = _kernel_entries(band_y_ptr, rows_y_ptr, h * K + k, i[:, None], s0 + u[None, :], H,
+                                             TRANSPOSE, LOG_NEGLIGIBLE)
+                        vt = tl.load(v_base + ((s0 + u[:, None]) * W + w0 + cw[None, :]) * C + cd[None, :], other=0.,
+                                     mask=(s0 + u[:, None] < H) & (w0 + cw[None, :] < W) & (d0 + cd[None, :] < D))
+                        t = _dot(gy, vt, t, v_ptr.dtype.element_ty, IEEE, UPCAST)
+                    gx = _kernel_entries(band_x_ptr, rows_x_ptr, h * K + k, w[:, None], w0 + u[None, :], W, TRANSPOSE,
+                                         LOG_NEGLIGIBLE)
+                    t = tl.reshape(tl.permute(tl.reshape(t, [BI, 16, BD]), [1, 0, 2]), [16, BI * BD])
+                    acc = _dot(gx, t, acc, v_ptr.dtype.element_ty, IEEE, UPCAST)
+            ri, rd = row_block * BI + tl.arange(0, BI * BD) // BD, tl.arange(0, BI * BD) % BD
+            tl.store(y_base + ((P + ri[None, :] * W + w[:, None]) * C + rd[None, :]), acc.to(y_ptr.dtype.element_ty),
+                     mask=(w[:, None] < W) & (ri[None, :] < H) & (d0 + rd[None, :] < D))
 
 
-# Triton's interpreter (TRITON_INTERPRET=1, the tests' CPU run) computes a bfloat16 dot wrongly: float32 operands there
+# Triton's interpreter (TRITON_INTERPRET=1, the tests' CPU run) multiplies float32 exactly: tf32 is cut by hand there
 _INTERPRETED = os.environ.get('TRITON_INTERPRET') == '1'
 
 
@@ -146,8 +149,7 @@ def separable_mix_triton(v: torch.Tensor, band_y: torch.Tensor, rows_y: torch.Te
     B, N, C = v.shape
     heads, K = band_y.shape[:2]
     D, out = C // heads, torch.empty_like(v)  # the values' layout, as the fake implementation promises
-    factors = [t.contiguous().float() for t in (band_y, rows_y, band_x, rows_x)]
-    v = v.contiguous()
+    v, factors = v.contiguous(), [t.contiguous().float() for t in (band_y, rows_y, band_x, rows_x)]
     y = out if out.is_contiguous() else torch.empty_like(v)
     if width > TRITON_MAX_WIDTH:
         raise ValueError(f'The Triton mixer takes grids up to {TRITON_MAX_WIDTH} patches wide (its x-axis block lives '
@@ -167,12 +169,11 @@ TRITON_MAX_WIDTH = 64
 
 def triton_launch_config(width: int, head_dim: int, dtype: torch.dtype, transpose: bool = False) -> dict:
     """Block sizes and warps of a launch, as ptxas compiles them without spills for sm_80 and sm_90
-    (tests/test_triton_compile.py): 16 output rows, the row padded to a power of two, up to 32 channels (16 in
-    float32 from 64 patches wide); 8 warps from 32 patches wide and for float16 transposed, else 4 (8 spill there).
-    ``TIMM_ODEVIT_TRITON_BI`` / ``_BD`` / ``_WARPS`` override them for a sweep."""
+    (tests/test_triton_compile.py): 16 output rows, the row padded to a power of two, 8 warps, 32 channels (16 from
+    64 patches wide), half that in float32. ``TIMM_ODEVIT_TRITON_BI`` / ``_BD`` / ``_WARPS`` override them."""
     bw = _next_pow2(width)
-    bd = min(16 if dtype == torch.float32 and bw >= 64 else 32, _next_pow2(head_dim))
-    config = dict(BI=16, BW=bw, BD=bd, num_warps=8 if bw >= 32 or (transpose and dtype == torch.float16) else 4)
+    bd = (16 if bw >= 64 else 32) // (2 if dtype == torch.float32 else 1)
+    config = dict(BI=16, BW=bw, BD=min(bd, _next_pow2(head_dim)), num_warps=8)
     for key, env in (('BI', 'TIMM_ODEVIT_TRITON_BI'), ('BD', 'TIMM_ODEVIT_TRITON_BD'),
                      ('num_warps', 'TIMM_ODEVIT_TRITON_WARPS')):
         if os.environ.get(env):
