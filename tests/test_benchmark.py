@@ -324,24 +324,46 @@ def test_plot_only_redraws_from_a_csv(tmp_path):
 
 @pytest.mark.slow
 def test_gpu_script_dry_run(tmp_path):
-    """The prepared GPU script, end to end on the CPU at 32 px: it cannot rot unnoticed."""
+    """The prepared GPU script (issue 59), every section end to end on the CPU at toy sizes, each under its deadline
+    (the Triton kernel in Triton's interpreter where Triton is installed): it cannot rot unnoticed."""
+    import tarfile
+    from timm_odevit.layers.fused_mixer import HAS_TRITON
     out = tmp_path / 'gpu_out'
     env = dict(os.environ, OMP_NUM_THREADS='1', PYTHONPATH=ROOT)
     proc = subprocess.run(['bash', os.path.join(ROOT, 'benchmarks', 'gpu', 'run.sh'), str(out), '--dry-run'],
-                          capture_output=True, text=True, env=env, timeout=900, cwd=str(tmp_path))
+                          capture_output=True, text=True, env=env, timeout=1500, cwd=str(tmp_path))
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    # what a device call brings back: at most 8 files, flat, plain names
     files = sorted(os.listdir(out))
-    assert len(files) <= 8 and all(re.fullmatch(r'[A-Za-z0-9._-]+', f) for f in files)
-    assert {'tests.txt', 'summary.md', 'benchmark_ode.csv', 'benchmark_ode.png',
-            'benchmark_discrete_looped.md'} <= set(files)
-    assert all(os.path.isfile(out / f) for f in files)
+    assert files == ['results.tgz', 'summary.md', 'triton_cache.tgz']
     summary = (out / 'summary.md').read_text()
-    assert '| ode | tiny | 32 | 1 | no |' in summary and '| looped | tiny | 32 | 1 | no |' in summary
+    assert 'every section passed' in summary.splitlines()[0]
+    # the gate's table first, with the Triton kernel's rows where it can run
+    parts = summary.split('\n\n')
+    assert parts[1] == '## a. correctness gate' and parts[2].startswith('**GATE PASSED** on cpu')
+    assert '| float32 | per-head | no | 6 / 6 |' in summary
+    assert ('| bfloat16 | triton | yes | 6 / 6 |' in summary) == HAS_TRITON
+    titles = re.findall(r'^## (.+)$', summary, flags=re.M)
+    assert titles[:2] == ['a. correctness gate', 'sections'] and titles[-1] == 'e. profile'
+    sections = re.findall(r'^\| (\w+) \| \d+ \| \d+ \| \d+ \| (.+) \|$', summary, flags=re.M)
+    assert [name for name, _ in sections] == ['versions', 'gate', 'tests', 'ops', 'sweep', 'models_1024',
+                                              'models_224', 'train_32', 'profile']
+    assert all(status == 'ok' for _, status in sections), sections
+    assert '| ode | tiny | 64 | 1 | no |' in summary and '| looped | tiny | 32 | 1 | no |' in summary
     assert '| `ssog_vit_tiny_patch4_32` |' in summary and '| `dense_vit_tiny_patch4_32` |' in summary  # training
-    assert 'torch' in (out / 'tests.txt').read_text()
-    ode = _read(out / 'benchmark_ode.csv')
+    assert '| sdpa_flash |' in summary and '(default)' in summary and '### training step' in summary
+    with tarfile.open(out / 'results.tgz') as tar:
+        tar.extractall(tmp_path / 'back')
+    back = tmp_path / 'back'
+    assert 'torch' in (back / 'versions.log').read_text()
+    assert (back / 'gate.status').read_text() == 'pass\n' and (back / 'profile.txt').is_file()
+    ode = _read(back / 'models_1024.csv')
     assert {r['variant'] for r in ode} == set(VARIANTS) | {'ssog_einsum', 'ssog_steer'}
     assert {r['precision'] for r in ode} == {'amp_bfloat16'}
+    ops = _read(back / 'ops.csv')
+    assert {r['path'] for r in ops if r['ms']} >= {'operator', 'fused', 'accumulate', 'einsum', 'sdpa_flash'} | (
+        {'triton'} if HAS_TRITON else set())
+    assert {r['dtype'] for r in ops} == {'bfloat16', 'float16'} and {r['backward'] for r in ops} == {'0', '1'}
 
 
 def _module_from_file(name: str, *path: str):

@@ -87,6 +87,11 @@ def _zoo(table: str) -> Callable[[], str]:
     return gen
 
 
+def _cost_model() -> str:
+    path = REPO_ROOT / 'benchmarks' / 'gpu_cost_model.py'
+    return subprocess.run([sys.executable, str(path)], capture_output=True, text=True, check=True).stdout
+
+
 def _weights(kind: str) -> Callable[[], str]:
     def gen() -> str:
         from experiments.tables import guided_table, learning_curves, matched_table, steered_table, weights_table
@@ -105,6 +110,7 @@ GENERATORS: Dict[str, Callable[[], str]] = {
     'python -m timm_odevit_tools.zoo params': _zoo('params'),
     'python -m timm_odevit_tools.zoo reduction': _zoo('reduction'),
     'python -m timm_odevit_tools.zoo paper': _zoo('paper'),
+    'python benchmarks/gpu_cost_model.py': _cost_model,
     'python -m experiments.weights table --root weights': _weights('weights'),
     'python -m experiments.weights table --kind matched --root weights': _weights('matched'),
     'python -m experiments.weights table --kind guided --root weights': _weights('guided'),

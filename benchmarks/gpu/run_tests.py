@@ -1,8 +1,9 @@
 """Run tests/test_cuda.py where pytest is not installed (the GPU machine's own environment may lack it).
 
 A stand-in ``pytest`` module gives the file the decorators it uses (``mark.skipif``, ``mark.parametrize``,
-``fixture``); every ``test_*`` function then runs once per parameter, with TF32 off as the file's autouse fixture
-asks. Prints one line per test and a pytest-like summary; exit status 1 when any test failed.
+``fixture``) and ``skip``; every ``test_*`` function then runs once per parameter, with TF32 off as the file's autouse
+fixture asks. Prints one line per test and a pytest-like summary (a skipped test counted as skipped); exit status 1
+when any test failed.
 Usage: ``python benchmarks/gpu/run_tests.py`` from the checkout root.
 """
 import importlib.util
@@ -38,10 +39,18 @@ def _stand_in_pytest() -> types.ModuleType:
             return f
         return deco
 
+    def skip(reason: str = '') -> None:
+        raise Skipped(reason)
+
     mod.mark = Mark()
     mod.fixture = fixture
-    mod.skip = lambda reason='': (_ for _ in ()).throw(RuntimeError(f'skip: {reason}'))
+    mod.skip = skip
+    mod.skip.Exception = Skipped
     return mod
+
+
+class Skipped(Exception):
+    """``pytest.skip`` in the stand-in: the test counts as skipped, not failed."""
 
 
 def main() -> int:
@@ -56,7 +65,7 @@ def main() -> int:
     spec = importlib.util.spec_from_file_location('test_cuda', path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    passed, failed = 0, []
+    passed, skipped, failed = 0, 0, []
     start = time.time()
     for name, fn in vars(module).items():
         if not name.startswith('test_') or not callable(fn):
@@ -67,10 +76,13 @@ def main() -> int:
                 fn(**({argname: value} if argname else {}))
                 passed += 1
                 print(f'PASSED {label}')
+            except Skipped as e:
+                skipped += 1
+                print(f'SKIPPED {label}: {e}')
             except Exception:  # noqa: BLE001 -- a failing test is reported, the others still run
                 failed.append(label)
                 print(f'FAILED {label}\n{traceback.format_exc(limit=3)}')
-    print(f'{len(failed)} failed, {passed} passed in {time.time() - start:.1f}s (without pytest)')
+    print(f'{len(failed)} failed, {passed} passed, {skipped} skipped in {time.time() - start:.1f}s (without pytest)')
     return 1 if failed else 0
 
 
