@@ -39,8 +39,8 @@ def test_slow_marks_in_the_files_deselect_their_tests():
     whole = 'tests/test_install.py::test_main_command_runs_from_a_normal_install'
     case = 'tests/test_zoo.py::test_autocast_bf16[dense_vit]'
     kept = 'tests/test_zoo.py::test_autocast_bf16[ssog_ode]'
-    r = subprocess.run([sys.executable, '-m', 'pytest', '--collect-only', '-q', '-p', 'no:cacheprovider', '-m',
-                        'not slow', 'tests/test_install.py', 'tests/test_zoo.py'],
+    r = subprocess.run([sys.executable, '-m', 'pytest', '-n', '0', '--collect-only', '-q', '-p', 'no:cacheprovider',
+                        '-m', 'not slow', 'tests/test_install.py', 'tests/test_zoo.py'],
                        capture_output=True, text=True, cwd=REPO_ROOT, timeout=600)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     ids = set(r.stdout.split())

@@ -59,7 +59,7 @@ def durations(lines: Iterable[str]) -> Dict[str, float]:
 def fast_tier(paths: Sequence[str] = ('tests',)) -> List[str]:
     """The ids of the fast tier, as ``pytest -m "not slow" --collect-only`` lists them."""
     import subprocess
-    r = subprocess.run([sys.executable, '-m', 'pytest', '-m', 'not slow', '--collect-only', '-q', '-p',
+    r = subprocess.run([sys.executable, '-m', 'pytest', '-n', '0', '-m', 'not slow', '--collect-only', '-q', '-p',
                         'no:cacheprovider', *paths], capture_output=True, text=True)
     return [ln.strip() for ln in r.stdout.splitlines() if '::' in ln]
 

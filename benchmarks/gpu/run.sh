@@ -96,7 +96,7 @@ else
               --infer-img-size 0)
 fi
 if python -c 'import pytest' 2>/dev/null; then
-  TESTS=(python -m pytest tests/test_cuda.py --ignore=tests/timm_suite -q -p no:cacheprovider -rfEs)
+  TESTS=(python -m pytest tests/test_cuda.py --ignore=tests/timm_suite -q -p no:cacheprovider -rfEs -o addopts=)
 else  # the machine's own environment may lack pytest: the same tests through a stand-in
   TESTS=(python benchmarks/gpu/run_tests.py)
 fi
