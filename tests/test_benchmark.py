@@ -456,3 +456,12 @@ def test_gpu_cost_model_prints_every_path_and_backend_at_every_shape():
     big = model.predictions(4097, 6)
     # the estimate docs/benchmark.md quotes: per-head matmuls a quarter of cuDNN attention at 4097 tokens
     assert big['fused (per-head matmuls)'] < 0.3 * min(v for k, v in big.items() if k.startswith('sdpa'))
+
+
+def test_op_backward_never_holds_all_heads_k_fold():
+    # all heads' K-fold [B, heads, K, H, W, d] intermediates, two of them, would be 8x the values on their own
+    r = subprocess.run([sys.executable, os.path.join(ROOT, 'benchmarks', 'op_memory.py'), '--batch', '1'],
+                       capture_output=True, text=True, timeout=600, env=dict(os.environ, OMP_NUM_THREADS='1'))
+    assert r.returncode == 0, r.stderr[-2000:]
+    m = re.search(r'forward peak ([\d.]+)x the values; backward peak ([\d.]+)x the values', r.stdout)
+    assert m and 0 < float(m[1]) and 0 < float(m[2]) < 6, r.stdout
