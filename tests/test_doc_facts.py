@@ -144,3 +144,41 @@ def test_pages_name_the_machine_a_figure_was_measured_on(page):
     text = ' '.join(page.read_text().split())
     found = [m.group(0) for word in UNNAMED_MACHINE for m in re.finditer(word, text, re.I)]
     assert not found, f'{_rel(page)} says {found}: name the machine (and its date) a figure was measured on'
+
+
+# training.md gives each group of published weights its stages and epochs, as their records hold them
+TRAINING_GROUPS = {
+    'four stages, {epochs} epochs': ('dense_vit_tiny_patch4_32.fmnist', 'ssog_vit_tiny_patch4_32.fmnist',
+                                    'looped_vit_tiny_patch4_32.fmnist', 'looped_ssog_tiny_patch4_32.fmnist'),
+    'the guided students with the teacher\'s options in both); {epochs} epochs': ('odevit_tiny_patch4_32.fmnist', 'odevit_tiny_patch4_32.fmnist_distilled',
+                        'ssog_ode_tiny_patch4_32.fmnist', 'ssog_ode_tiny_patch4_32.fmnist_distilled'),
+    'then one solver-robust epoch; {epochs} epochs': ('ssog_ode_small.fmnist_64px',),
+}
+
+
+@pytest.mark.parametrize('phrase', sorted(TRAINING_GROUPS))
+def test_training_page_gives_each_weights_epochs_as_its_record(phrase):
+    import json
+    totals = {repo: sum(s['epochs'] for s in json.loads((WEIGHTS / repo / 'record.json').read_text())['stages'])
+              for repo in TRAINING_GROUPS[phrase]}
+    assert len(set(totals.values())) == 1, f'the group has different budgets: {totals}'
+    want = phrase.format(epochs=next(iter(totals.values())))
+    assert want in _prose(DOCS / 'training.md'), f'docs/training.md should say "{want}" (the records: {totals})'
+
+
+# claims the records contradicted (the docs once made each): a page that makes one again fails here
+RETIRED_CLAIMS = {
+    r'recipes are (?:in )?fp32': "stages 2-5 of every tiny weight's record say --amp bf16",
+    r'\bhub trajectory\b': 'the command is `python -m experiments.weights trajectory`',
+    r'90\.92% teacher': 'the guided students name the 91.47% teacher (revision 49c410a)',
+    r'\bDESIGN\.md\b': 'the repository has no DESIGN.md',
+    r'give the (?:looped weights\' )?sha256': 'the cards name the looped weights by repository and revision',
+    r'\bbf16 does not pay\b(?! on a CPU without native bf16)': 'bf16 autocast pays where the CPU has native bf16',
+}
+
+
+@pytest.mark.parametrize('page', PAGES, ids=_rel)
+def test_pages_do_not_make_retired_claims(page):
+    text = _prose(page)
+    found = {pattern: why for pattern, why in RETIRED_CLAIMS.items() if re.search(pattern, text, re.I)}
+    assert not found, f'{_rel(page)} makes claims the records contradict: {found}'
