@@ -25,6 +25,8 @@ _BLOCK = re.compile(r'(?:^<!-- commands: check: (?P<why>[^>]+?) -->\n)?^```(?:ba
 # the README's mirror answers this once it is up (the default model's repository)
 MIRROR_PROBE = '/api/models/timm-odevit/ssog_ode_small.fmnist_64px'
 BACKGROUND_GRACE_S = 8
+# seconds the mirror a block starts in the background may take to answer after the grace
+PROBE_S = 60
 
 
 class Block(NamedTuple):
@@ -85,11 +87,16 @@ def run_checked(body: str, tmp_path: Path) -> subprocess.CompletedProcess:
 def run_as_written(body: str, tmp_path: Path) -> subprocess.CompletedProcess:
     epilogue = ''
     if re.search(r'&\s*(#.*)?$', body, re.M):
-        epilogue = (f'\nstarted=$(jobs -p)\nsleep {BACKGROUND_GRACE_S}\n'
+        # the background jobs die however the block ends (a live server would hold the pipes open until the
+        # timeout); a loaded machine may take longer than the grace to serve, so the probe retries for a minute
+        epilogue = ('\nstarted=$(jobs -p)\ntrap \'kill $started 2>/dev/null || true\' EXIT\n'
+                    f'sleep {BACKGROUND_GRACE_S}\n'
                     'for job in $started; do kill -0 "$job" 2>/dev/null || { echo "a background command ended" >&2;'
                     ' exit 97; }; done\n'
-                    f'if [ -n "${{HF_ENDPOINT:-}}" ]; then "{sys.executable}" -c "import urllib.request as u; '
-                    f'u.urlopen(\'$HF_ENDPOINT{MIRROR_PROBE}\', timeout=10)" || exit 98; fi\n'
+                    'if [ -n "${HF_ENDPOINT:-}" ]; then served=0; for i in $(seq ' f'{PROBE_S}); do '
+                    f'"{sys.executable}" -c "import urllib.request as u; '
+                    f'u.urlopen(\'$HF_ENDPOINT{MIRROR_PROBE}\', timeout=10)" 2>/dev/null && {{ served=1; break; }}; '
+                    'sleep 1; done; [ $served = 1 ] || { echo "nothing answered at $HF_ENDPOINT" >&2; exit 98; }; fi\n'
                     'kill $started; wait\n')
     return subprocess.run(['/bin/bash', '-e', '-c', body + epilogue], env=_env(tmp_path), capture_output=True,
                           text=True, timeout=600, cwd=str(REPO_ROOT))
@@ -139,3 +146,11 @@ def test_checked_commands_pass_a_right_one(tmp_path):
 def test_a_background_command_that_dies_fails_its_block(tmp_path):
     proc = run_as_written('python -c "import sys; sys.exit(3)" &\n', tmp_path)
     assert proc.returncode == 97
+
+
+def test_a_background_server_that_never_answers_fails_its_block_and_is_stopped(tmp_path, monkeypatch):
+    # a live job holding the block's pipes would keep the test until its timeout: it is killed however the block ends
+    import test_doc_commands
+    monkeypatch.setattr(test_doc_commands, 'PROBE_S', 2)
+    proc = run_as_written('sleep 300 &\nexport HF_ENDPOINT=http://127.0.0.1:9\n', tmp_path)
+    assert proc.returncode == 98 and 'nothing answered at http://127.0.0.1:9' in proc.stderr, proc.stderr[-2000:]
