@@ -182,3 +182,9 @@ def test_pages_do_not_make_retired_claims(page):
     text = _prose(page)
     found = {pattern: why for pattern, why in RETIRED_CLAIMS.items() if re.search(pattern, text, re.I)}
     assert not found, f'{_rel(page)} makes claims the records contradict: {found}'
+
+
+def test_readme_and_testing_page_give_one_fast_tier_figure():
+    tier = r'python -m pytest -m "not slow"`[^.]*?(\d+ min \d+ s)'
+    figures = {_rel(p): re.findall(tier, _prose(p)) for p in (README, DOCS / 'testing.md')}
+    assert all(len(f) == 1 for f in figures.values()) and len({f[0] for f in figures.values()}) == 1, figures
