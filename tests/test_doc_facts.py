@@ -188,3 +188,14 @@ def test_readme_and_testing_page_give_one_fast_tier_figure():
     tier = r'python -m pytest -m "not slow"`[^.]*?(\d+ min \d+ s)'
     figures = {_rel(p): re.findall(tier, _prose(p)) for p in (README, DOCS / 'testing.md')}
     assert all(len(f) == 1 for f in figures.values()) and len({f[0] for f in figures.values()}) == 1, figures
+
+
+# a speed or memory ratio has one reference run: the pages that quote one take it from the page that measures it
+RATIO_SOURCES = {'models.md': 'benchmark.md', 'training.md': 'core.md', 'guide.md': 'core.md'}
+
+
+@pytest.mark.parametrize('page,source', sorted(RATIO_SOURCES.items()))
+def test_quoted_ratios_are_their_reference_runs(page, source):
+    quoted = set(re.findall(r'\b\d+\.\d+x\b', _prose(DOCS / page)))
+    measured = set(re.findall(r'\b\d+\.\d+x\b', (DOCS / source).read_text()))
+    assert quoted <= measured, f'docs/{page} quotes {sorted(quoted - measured)}, which docs/{source} does not give'
