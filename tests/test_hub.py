@@ -833,6 +833,11 @@ def test_card_description_names_the_stages_a_teacher_guided():
                            'guided by a teacher (logit distillation) in stages 3, 4 on '), late
     throughout = description([teacher])
     assert throughout.startswith(f'`{arch}` trained from scratch, guided by a teacher (logit distillation) on ')
+    # a weight guided by logits, then along the trajectory, names each kind with its stages
+    trajectory = {'teacher': {'model': 'ssog_vit_tiny_patch4_32', 'distill': 'trajectory'}, 'lines': {}}
+    mixed = description([scratch, scratch, teacher, teacher, trajectory, trajectory])
+    assert 'guided by a teacher (logit distillation in stages 3, 4; trajectory distillation in stages 5, 6) on ' \
+        in mixed, mixed
 
 
 def test_training_budget_from_records(tmp_path):

@@ -183,13 +183,18 @@ def model_card(record: Dict[str, Any], metrics: Dict[str, Any]) -> Dict[str, Any
         start = 'from other weights'  # its first stage started from weights whose recipe is not known
     elif stages and len(stages) > 1:
         start += f' in {len(stages)} stages, each from the weights of the one before'
-    guided = [str(i) for i, stage in enumerate(stages or [], 1) if stage.get('teacher')]
-    if guided:
-        kind = 'logit distillation' if any(stage['teacher']['distill'] == 'logit' for stage in stages
-                                           if stage.get('teacher')) else 'trajectory distillation'
+    guided = [(str(i), f'{"logit" if stage["teacher"]["distill"] == "logit" else "trajectory"} distillation')
+              for i, stage in enumerate(stages or [], 1) if stage.get('teacher')]
+    kinds = list(dict.fromkeys(kind for _, kind in guided))
+    if len(kinds) == 1:
         # which stages a teacher guided: a weight whose teacher joined late is mostly its own training
-        start += f', guided by a teacher ({kind})' + (
-            f' in stage{"s" if len(guided) > 1 else ""} {", ".join(guided)}' if len(stages) > len(guided) else '')
+        start += f', guided by a teacher ({kinds[0]})' + (
+            f' in stage{"s" if len(guided) > 1 else ""} {", ".join(i for i, _ in guided)}'
+            if len(stages) > len(guided) else '')
+    elif kinds:  # each kind of guidance with its stages
+        start += ', guided by a teacher (' + '; '.join(
+            f'{kind} in stage{"s" if sum(k == kind for _, k in guided) > 1 else ""} '
+            f'{", ".join(i for i, k in guided if k == kind)}' for kind in kinds) + ')'
     return {
         'tags': ['image-classification', 'timm', 'timm_odevit'],
         'license': 'apache-2.0',
