@@ -7,6 +7,7 @@ import sys
 import tarfile
 import tempfile
 from pathlib import Path
+from typing import Dict, List
 
 import pytest
 
@@ -67,8 +68,33 @@ def collects_timm_suite(config) -> bool:
 
 
 def pytest_configure(config):
+    # each of n xdist workers gets its share of the cores (and so do the interpreters its tests start): two workers
+    # of two threads each on 2 cores would oversubscribe them
+    workers = int(os.environ.get('PYTEST_XDIST_WORKER_COUNT') or 1)
+    if workers > 1 and 'OMP_NUM_THREADS' not in os.environ:
+        import torch
+        os.environ['OMP_NUM_THREADS'] = str(max(1, (os.cpu_count() or 1) // workers))
+        torch.set_num_threads(int(os.environ['OMP_NUM_THREADS']))
     if collects_timm_suite(config):
         os.environ[SUITE_ENV] = str(fetch_timm_suite(suite_file()))
+
+
+# pytest-xdist (`--dist loadgroup --no-loadscope-reorder`, pyproject.toml) hands out work units in collection order,
+# the next one to whichever worker frees up. A unit is a whole file, so that its module fixtures (mirrors, virtual
+# environments, trained runs) are built once and its documented command blocks, some serving on a fixed port, never
+# run beside each other; the files below hold independent tests and are split into single tests instead.
+SPLIT_FILES = ('tests/timm_suite/test_timm_models.py', 'tests/test_zoo.py', 'tests/test_core.py', 'tests/test_hub.py',
+               'tests/test_docs.py')
+# rough seconds of a test on 2 cores, only to start the longest units first, so that the run does not end on one
+# worker's long tail; timm's prune contract runs every tap of the model: minutes for the 23- and 35-layer paper
+# configurations at width 768 (docs/testing.md lists a full run's slowest tests)
+FAST_S, SLOW_S, PRUNE_S, PAPER_PRUNE_S = 1., 30., 60., 600.
+
+
+def estimated_seconds(item: pytest.Item) -> float:
+    if 'test_prune_intermediate_layers_contract[' in item.nodeid:
+        return PAPER_PRUNE_S if '_w768_' in item.nodeid else PRUNE_S
+    return SLOW_S if item.get_closest_marker('slow') else FAST_S
 
 
 def pytest_collection_modifyitems(config, items):
@@ -77,3 +103,15 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if item.nodeid.startswith('tests/timm_suite/'):
             item.add_marker(pytest.mark.slow)
+    if not os.environ.get('PYTEST_XDIST_WORKER'):
+        return  # one process: collection order, each file's tests together
+    units: Dict[str, List[pytest.Item]] = {}
+    for item in items:
+        path = item.nodeid.split('::')[0]
+        if path in SPLIT_FILES:
+            units[item.nodeid] = [item]
+        else:
+            item.add_marker(pytest.mark.xdist_group(path))
+            units.setdefault(path, []).append(item)
+    longest_first = sorted(units.values(), key=lambda unit: -sum(map(estimated_seconds, unit)))
+    items[:] = [item for unit in longest_first for item in unit]
