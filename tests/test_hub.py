@@ -603,6 +603,54 @@ def test_card_measures_an_ode_weight_also_at_its_architectures_default_solver():
     assert architecture_solver('ssog_vit_tiny_patch4_32', timm.create_model('ssog_vit_tiny_patch4_32')) is None
 
 
+@pytest.mark.slow
+def test_card_gives_an_ode_weights_top1_against_the_solver(monkeypatch):
+    """With solvers=True (`hub export/remeasure --solver-table`) an ODE weight is also measured on the sample at each
+    solver of solver_table, each with NFE and the command that reproduces it, the registered solver once; the model
+    is left solved as it came. (On the sample's first 100 images: dopri5 on all 1,000 takes a minute.)"""
+    from timm_odevit_tools.evaluate import evaluate
+    load = fm.load_tensors
+    monkeypatch.setattr(fm, 'load_tensors', lambda *a, **k: tuple(t[:100] for t in load(*a, **k)))
+    from timm_odevit_tools.hub.card import model_card
+    from timm_odevit_tools.hub.export import measure, solver_table
+    assert solver_table(23) == ['euler:6', 'euler:12', 'euler:23', 'euler:46', 'midpoint:3', 'midpoint:6',
+                                'midpoint:12', 'rk4:1', 'rk4:3', 'rk4:6', 'dopri5']
+    assert solver_table(4) == ['euler:1', 'euler:2', 'euler:4', 'euler:8', 'midpoint:1', 'midpoint:2', 'rk4:1',
+                               'dopri5']
+    arch = 'ssog_ode_tiny_patch4_32'
+    model = timm.create_model(f'local-dir:{WEIGHTS / f"{arch}.fmnist"}', pretrained=True, ode_steps=4)
+    metrics = measure(model, f'weights/{arch}.fmnist', full_test=False, solvers=True)
+    sample, *table = list(metrics)
+    assert metrics[sample]['n'] == 100 and [metrics[k]['solver'] for k in table] == [t for t in solver_table(4) if t != 'euler:4']
+    assert model.trunk.method == 'euler' and model.trunk.steps == 4
+    rk4 = next(k for k in table if metrics[k]['solver'] == 'rk4:1')
+    assert rk4 == f'{sample}, solved with rk4 (1 steps, NFE 4)', rk4
+    assert metrics[rk4]['command'] == f'python -m timm_odevit_tools.hub evaluate weights/{arch}.fmnist --data sample ' \
+                                      '--solver rk4:1'
+    adaptive = metrics[table[-1]]
+    assert table[-1].startswith(f'{sample}, solved with dopri5 (adaptive, NFE ') and adaptive['nfe'] > 4
+    images = fm.load_tensors(fm.SAMPLE_DIR, 'test', model=model)
+    model.set_solver(method='rk4', steps=1)
+    assert metrics[rk4]['correct'] == evaluate(model, images)['correct']
+    record = {'weights': f'{arch}.fmnist', 'architecture': arch, 'stages': [], 'input_size': [1, 32, 32],
+              'params': 1, 'gmacs': 1., 'solver': 'euler:4', 'stored_dtype': 'float32', 'description': None}
+    measured = model_card(record, metrics)['details']['Measured']
+    assert f'top-1 {metrics[rk4]["top1"]:.2f}%' in measured[rk4] and metrics[rk4]['command'] in measured[rk4]
+
+
+def test_every_published_ode_card_gives_top1_against_the_solver():
+    """The cards of the published ODE weights carry their solver table (`hub remeasure --solver-table`)."""
+    from timm_odevit.models.families import family_of
+    from timm_odevit_tools.hub.export import solver_table
+    ode = [repo for repo in REPOS if family_of(repo.split('.')[0]).depth == 'ode']
+    assert len(ode) == 5, ode
+    for repo in ode:
+        card = (WEIGHTS / repo / 'README.md').read_text()
+        registered = json.loads((WEIGHTS / repo / 'record.json').read_text())['solver']
+        for solver in solver_table(int(registered.split(':')[1])):
+            assert solver == registered or f'--data sample --solver {solver}`' in card, (repo, solver)
+
+
 def test_an_ode_tag_solves_as_its_weights_were_trained_by_every_route(tmp_path):
     """A tag whose weights trained on another grid than the architecture's default is solved on that grid by name and
     through its config.json (local-dir:, hf-hub:) alike, as its card's last command trained it; a solver kwarg the

@@ -51,7 +51,6 @@ def test_slow_marks_in_the_files_deselect_their_tests():
 def test_workers_get_whole_files_longest_first_and_split_files_test_by_test():
     """What an xdist worker collects (tests/conftest.py): the files not in SPLIT_FILES as one group each, so their
     documented blocks and module fixtures stay on one worker; the longest units first."""
-    from conftest import SPLIT_FILES
     files = ['tests/test_doc_commands.py', 'tests/test_tiers.py', 'tests/test_zoo.py']
     r = subprocess.run([sys.executable, '-m', 'pytest', '-n', '0', '--collect-only', '-q', '-p', 'no:cacheprovider',
                         *files], capture_output=True, text=True, cwd=REPO_ROOT, timeout=600,
@@ -59,7 +58,7 @@ def test_workers_get_whole_files_longest_first_and_split_files_test_by_test():
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     ids = [line for line in r.stdout.splitlines() if '::' in line]
     order = [f for i, f in enumerate(i.split('::')[0] for i in ids) if i == 0 or ids[i - 1].split('::')[0] != f]
-    assert 'tests/test_zoo.py' in SPLIT_FILES and order[0] == 'tests/test_doc_commands.py', order
+    assert order[0] == 'tests/test_doc_commands.py', order
     # whole files stay together; the split file's slow tests come before the small whole file, its fast ones after
     assert order.count('tests/test_doc_commands.py') == 1 and order.count('tests/test_tiers.py') == 1, order
     assert order.index('tests/test_tiers.py') > order.index('tests/test_zoo.py'), order

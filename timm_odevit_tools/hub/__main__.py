@@ -14,6 +14,8 @@ from . import ORG
 from ..cli import run_command
 
 PROG = 'python -m timm_odevit_tools.hub'
+SOLVER_TABLE_HELP = ('an ODE weight: its card also gives top-1 on the sample against the solver (Euler, midpoint and '
+                     'RK4 at a quarter to once the training grid\'s NFE, Euler at twice it, dopri5)')
 
 
 def evaluate_folder(folder: str, data: str = 'sample', solver: Optional[str] = None) -> dict:
@@ -59,11 +61,13 @@ def main(argv: Optional[List[str]] = None) -> int:
                    help='CPU threads the run trained on, for its card (default: what the run recorded, else 1)')
     e.add_argument('--dtype', choices=('float32', 'float16', 'bfloat16'), default='float32',
                    help='precision of the stored weights (half halves the file; the card measures what is stored)')
+    e.add_argument('--solver-table', action='store_true', help=SOLVER_TABLE_HELP)
 
     r = sub.add_parser('remeasure', help="re-measure a published folder at the solver it was trained with and "
                                          "re-render its card (its recipe kept) and config.json; weights untouched")
     r.add_argument('folder', help='e.g. weights/ssog_ode_tiny_patch4_32.fmnist')
     r.add_argument('--no-full', action='store_true', help='skip the full Fashion-MNIST test set')
+    r.add_argument('--solver-table', action='store_true', help=SOLVER_TABLE_HELP)
 
     m = sub.add_parser('manifest', help='rewrite <root>/MANIFEST.json from the files as they are')
     m.add_argument('--root', default='weights')
@@ -109,11 +113,12 @@ def main(argv: Optional[List[str]] = None) -> int:
         from .export import STORAGE_DTYPES, export_checkpoint
         cfg = fmnist_input(a.img_size) if a.img_size else None
         print(json.dumps(export_checkpoint(a.checkpoint, a.tag, a.root, cfg, a.description, not a.no_full,
-                                           a.use_ema, a.arch, a.threads, STORAGE_DTYPES[a.dtype])))
+                                           a.use_ema, a.arch, a.threads, STORAGE_DTYPES[a.dtype],
+                                           a.solver_table)))
     elif a.cmd == 'remeasure':
         import timm_odevit  # noqa: F401
         from .export import remeasure
-        print(json.dumps(remeasure(a.folder, not a.no_full)))
+        print(json.dumps(remeasure(a.folder, not a.no_full, a.solver_table)))
     elif a.cmd == 'manifest':
         from .verify import write_manifest
         print(write_manifest(Path(a.root)))

@@ -23,7 +23,7 @@ from timm.models import save_for_hf
 
 from . import CARD_FILE, CONFIG_FILE, ORG, WEIGHTS_FILE
 from .. import data as fm
-from ..evaluate import evaluate_solved
+from ..evaluate import evaluate, evaluate_solved, parse_solver, solver_kwargs
 from ..files import write_failed
 from timm_odevit.layers import DISCRETISATION_OPTIONS, ode_trunk
 from timm_odevit.models.pretrained import fmnist_input
@@ -33,7 +33,7 @@ from .record import RECORD_FILE, eval_results, read_record, record_json, render_
 from .revisions import check_replaceable, source_line, weights_source
 from .verify import EXPORT_FIX, RepoError, sha256_file, verify_repo, write_manifest
 
-__all__ = ['TEST_SETS', 'STORAGE_DTYPES', 'TRAINED_SOLVER_KWARGS', 'measure', 'trained_solver',
+__all__ = ['TEST_SETS', 'STORAGE_DTYPES', 'TRAINED_SOLVER_KWARGS', 'solver_table', 'measure', 'trained_solver',
            'architecture_solver', 'stored_dtype', 'run_stages', 'export_checkpoint', 'export',
            'remeasure', 'push']
 
@@ -48,12 +48,22 @@ STORAGE_DTYPES = {'float32': torch.float32, 'float16': torch.float16, 'bfloat16'
 TRAINED_SOLVER_KWARGS = ('depth', 'ode_t_end') + tuple(f'ode_{name}' for name in DISCRETISATION_OPTIONS)
 
 
+def solver_table(steps: int) -> List[str]:
+    """The solvers of a card's top-1 against the solver, for a field trained on ``steps`` Euler steps: each explicit
+    method at a quarter, half and once that grid's NFE (Euler also at twice it), and dopri5 with the NFE it takes."""
+    table = [f'{method}:{max(1, round(share * steps / evals))}' for method, evals, shares in
+             (('euler', 1, (.25, .5, 1, 2)), ('midpoint', 2, (.25, .5, 1)), ('rk4', 4, (.25, .5, 1)))
+             for share in shares]
+    return list(dict.fromkeys(table)) + ['dopri5']
+
+
 def measure(model: nn.Module, folder: str, full_test: bool = True,
-            other_solver: Optional[Dict[str, Any]] = None) -> Dict[str, Dict[str, Any]]:
+            other_solver: Optional[Dict[str, Any]] = None, solvers: bool = False) -> Dict[str, Dict[str, Any]]:
     """The card's top-1 figures for weights to be exported to ``folder``, at the solver the model has (what
     ``pretrained=True`` gives): on the bundled sample and (when ``full_test`` and Debian's package is installed) the
     full test set, each with the command that measures it; an ODE model is measured at ``other_solver`` too (keyword
-    arguments of ``set_solver``: the architecture's default where the weights were trained on another grid)."""
+    arguments of ``set_solver``: the architecture's default where the weights were trained on another grid) and, with
+    ``solvers``, on the sample at each solver of ``solver_table`` (the trade of accuracy against NFE)."""
     sets = [t for t in TEST_SETS if t[2] == 'sample' or (full_test and t[1].is_dir())]
     metrics, other = {}, {}
     for name, src, key in sets:
@@ -63,6 +73,18 @@ def measure(model: nn.Module, folder: str, full_test: bool = True,
             method, steps = r['solver']['solver'].split(':')
             other[f"{name}, at the architecture's default solver ({method}, {steps} steps)"] = dict(
                 r['solver'], dataset=name, data=key, command=evaluate_command(folder, key, r['solver']['solver']))
+    trunk = ode_trunk(model)
+    if solvers and trunk is not None:
+        name, src, key = TEST_SETS[0]
+        images = fm.load_tensors(src, 'test', model=model)
+        done = {m['solver'] for m in (*metrics.values(), *other.values()) if m['data'] == key}
+        for text in (t for t in solver_table(trunk.steps) if t not in done):
+            method, steps = parse_solver(text)
+            with trunk.solver(**solver_kwargs(method, steps)):
+                r = evaluate(model, images)
+            how = f'{steps} steps' if steps else 'adaptive'
+            other[f'{name}, solved with {method} ({how}, NFE {r["nfe"]:.4g})'] = dict(
+                r, solver=text, dataset=name, data=key, command=evaluate_command(folder, key, text))
     return {**metrics, **other}
 
 
@@ -155,13 +177,14 @@ def export_checkpoint(
         arch: Optional[str] = None,
         threads: Optional[int] = None,
         dtype: torch.dtype = torch.float32,
+        solvers: bool = False,
 ) -> Dict[str, Any]:
     """Export a checkpoint of ``python -m timm_odevit_tools.train`` (or timm's train.py) to ``root/<arch>.<tag>/``: the
     registered architecture with ``pretrained_cfg`` (default: Fashion-MNIST at the size the run trained at, its
     ``--model-kwargs img_size``, else 32 px), a card rendering the run's command and budget (for this package's
     command only; ``threads`` for a run that did not record its own), and top-1 measured here, on the weights as
-    stored in ``dtype``. An ODE model keeps the solver options it was trained with (``trained_solver``). Returns the
-    folder and the top-1 figures."""
+    stored in ``dtype``. An ODE model keeps the solver options it was trained with (``trained_solver``); ``solvers``
+    adds its top-1 against the solver (``measure``). Returns the folder and the top-1 figures."""
     ckpt = read_checkpoint(checkpoint)
     args = checkpoint_args(ckpt)
     cfg = dict(pretrained_cfg or ckpt.get('pretrained_cfg')
@@ -181,7 +204,7 @@ def export_checkpoint(
         run = json.loads(results.read_text()) if results.is_file() else {}
         stages = run_stages(args, run, cfg, Path(root) / f'{arch}.{tag}', threads, use_ema)
     other = architecture_solver(arch, model)
-    metrics = measure(model, f'{root}/{arch}.{tag}', full_test, other)
+    metrics = measure(model, f'{root}/{arch}.{tag}', full_test, other, solvers)
     record = weight_record(f'{arch}.{tag}', model, stages, description, dtype, _solver_name(other))
     repo = export(model, arch, tag, root, record, metrics, dtype)
     return {'repo': str(repo), **{k: v['top1'] for k, v in metrics.items()}}
@@ -191,11 +214,11 @@ def _solver_name(options: Optional[Dict[str, Any]]) -> Optional[str]:
     return f'{options["method"]}:{options["steps"]}' if options else None
 
 
-def remeasure(folder: str, full_test: bool = True) -> Dict[str, Any]:
+def remeasure(folder: str, full_test: bool = True, solvers: bool = False) -> Dict[str, Any]:
     """Re-measure a published folder and re-render its card, record and ``config.json``, the weights untouched: at
     the ODE solver its last training stage ran (its record's command), with the stages and description its record
-    states. For weights exported before the export kept that solver, or after a change to how the model is built.
-    Returns the folder and the top-1 figures."""
+    states, and with ``solvers`` its top-1 against the solver (``measure``). For weights exported before the export
+    kept that solver, or after a change to how the model is built. Returns the folder and the top-1 figures."""
     repo = Path(folder)
     before = read_record(repo)
     if not before['stages']:
@@ -207,7 +230,7 @@ def remeasure(folder: str, full_test: bool = True) -> Dict[str, Any]:
     dtype = stored_dtype(repo / WEIGHTS_FILE)
     model = timm.create_model(f'local-dir:{repo.resolve()}', pretrained=True, **solver).eval()
     other = architecture_solver(arch, model)
-    metrics = measure(model, str(repo), full_test, other)
+    metrics = measure(model, str(repo), full_test, other, solvers)
     record = weight_record(repo.name, model, before['stages'], before['description'], dtype, _solver_name(other))
     export(model, arch, tag, str(repo.parent), record, metrics, dtype)
     return {'repo': str(repo), **{k: v['top1'] for k, v in metrics.items()}}
