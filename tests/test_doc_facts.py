@@ -190,6 +190,17 @@ def test_readme_and_testing_page_give_one_fast_tier_figure():
     assert all(len(f) == 1 for f in figures.values()) and len({f[0] for f in figures.values()}) == 1, figures
 
 
+def test_testing_page_quotes_its_full_run_log():
+    """docs/testing.md's full-suite figure and slowest tests are those of the run log it names."""
+    text = (DOCS / 'testing.md').read_text()
+    log = (REPO_ROOT / re.search(r'its output: `(results/tests/full_run_[\d-]+\.log)`', text).group(1)).read_text()
+    minutes, seconds = map(int, re.search(r'\*\*(\d+) min (\d+) s\*\* for', text).groups())
+    wall = float(re.search(r' in ([\d.]+)s \(', log.strip().splitlines()[-1]).group(1))
+    assert round(wall) == 60 * minutes + seconds, (minutes, seconds, wall)
+    slowest = [line for line in log.splitlines() if re.match(r'[\d.]+s call ', line)][:30]
+    assert len(slowest) == 30 and '\n'.join(slowest) in text
+
+
 # a speed or memory ratio has one reference run: the pages that quote one take it from the page that measures it
 RATIO_SOURCES = {'models.md': 'benchmark.md', 'training.md': 'core.md', 'guide.md': 'core.md'}
 
