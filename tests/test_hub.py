@@ -624,7 +624,7 @@ def test_card_gives_an_ode_weights_top1_against_the_solver(monkeypatch):
     assert metrics[sample]['n'] == 100 and [metrics[k]['solver'] for k in table] == [t for t in solver_table(4) if t != 'euler:4']
     assert model.trunk.method == 'euler' and model.trunk.steps == 4
     rk4 = next(k for k in table if metrics[k]['solver'] == 'rk4:1')
-    assert rk4 == f'{sample}, solved with rk4 (1 steps, NFE 4)', rk4
+    assert rk4 == f'{sample}, solved with rk4 (1 step, NFE 4)', rk4
     assert metrics[rk4]['command'] == f'python -m timm_odevit_tools.hub evaluate weights/{arch}.fmnist --data sample ' \
                                       '--solver rk4:1'
     adaptive = metrics[table[-1]]

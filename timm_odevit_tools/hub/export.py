@@ -82,7 +82,7 @@ def measure(model: nn.Module, folder: str, full_test: bool = True,
             method, steps = parse_solver(text)
             with trunk.solver(**solver_kwargs(method, steps)):
                 r = evaluate(model, images)
-            how = f'{steps} steps' if steps else 'adaptive'
+            how = f'{steps} step{"s" * (steps > 1)}' if steps else 'adaptive'
             other[f'{name}, solved with {method} ({how}, NFE {r["nfe"]:.4g})'] = dict(
                 r, solver=text, dataset=name, data=key, command=evaluate_command(folder, key, text))
     return {**metrics, **other}
