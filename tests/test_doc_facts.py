@@ -150,9 +150,9 @@ def test_pages_name_the_machine_a_figure_was_measured_on(page):
 TRAINING_GROUPS = {
     'four stages, {epochs} epochs': ('dense_vit_tiny_patch4_32.fmnist', 'ssog_vit_tiny_patch4_32.fmnist',
                                     'looped_vit_tiny_patch4_32.fmnist', 'looped_ssog_tiny_patch4_32.fmnist'),
-    'the guided students with the teacher\'s options in both); {epochs} epochs': ('odevit_tiny_patch4_32.fmnist', 'odevit_tiny_patch4_32.fmnist_distilled',
-                        'ssog_ode_tiny_patch4_32.fmnist', 'ssog_ode_tiny_patch4_32.fmnist_distilled'),
-    'then one solver-robust epoch; {epochs} epochs': ('ssog_ode_small.fmnist_64px',),
+    '{epochs} epochs for the SSoG pair': ('ssog_ode_tiny_patch4_32.fmnist', 'ssog_ode_tiny_patch4_32.fmnist_distilled'),
+    '{epochs} epochs for the ODE-ViT pair': ('odevit_tiny_patch4_32.fmnist', 'odevit_tiny_patch4_32.fmnist_distilled'),
+    'then two solver-robust stages (one epoch, then three); {epochs} epochs': ('ssog_ode_small.fmnist_64px',),
 }
 
 
