@@ -32,7 +32,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     el.add_argument('--test-samples', type=int, default=2000, help='first n Fashion-MNIST test images')
     el.add_argument('--data-dir', default=None, help="Fashion-MNIST IDX files (default: Debian's package)")
     el.add_argument('--solvers', nargs='+', default=None,
-                    help='method:steps (default: euler at 3 to 46 steps, midpoint at 3 to 12, rk4 at 2 to 6, and dopri5)')
+                    help='method:steps (default: euler at 3 to 46 steps, midpoint at 3 to 12, rk4 at 2 to 6, '
+                         'and dopri5)')
     el.add_argument('--only', nargs='+', default=None, metavar='REPO',
                     help="measure only these weights (e.g. a re-exported one) and keep the others' rows from the "
                          "last elasticity.csv in --out-dir, which must be at the same solvers and --test-samples")

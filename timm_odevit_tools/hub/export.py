@@ -67,7 +67,10 @@ def measure(model: nn.Module, folder: str, full_test: bool = True,
     sets = [t for t in TEST_SETS if t[2] == 'sample' or (full_test and t[1].is_dir())]
     metrics, other = {}, {}
     for name, src, key in sets:
-        r = evaluate_solved(model, fm.load_tensors(src, 'test', model=model), other_solver)
+        images = fm.load_tensors(src, 'test', model=model)
+        if key == 'sample':
+            sample = name, key, images  # the solver table's images, loaded once
+        r = evaluate_solved(model, images, other_solver)
         metrics[name] = dict(r['registered'], dataset=name, data=key, command=evaluate_command(folder, key))
         if 'solver' in r:
             method, steps = r['solver']['solver'].split(':')
@@ -75,8 +78,7 @@ def measure(model: nn.Module, folder: str, full_test: bool = True,
                 r['solver'], dataset=name, data=key, command=evaluate_command(folder, key, r['solver']['solver']))
     trunk = ode_trunk(model)
     if solvers and trunk is not None:
-        name, src, key = TEST_SETS[0]
-        images = fm.load_tensors(src, 'test', model=model)
+        name, key, images = sample
         done = {m['solver'] for m in (*metrics.values(), *other.values()) if m['data'] == key}
         for text in (t for t in solver_table(trunk.steps) if t not in done):
             method, steps = parse_solver(text)
