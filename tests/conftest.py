@@ -82,7 +82,8 @@ def pytest_configure(config):
 # pytest-xdist (`--dist loadgroup --no-loadscope-reorder`, pyproject.toml) hands out work units in collection order,
 # the next one to whichever worker frees up. A unit is a whole file, so that its module fixtures (mirrors, virtual
 # environments, trained runs) are built once and its documented command blocks, some serving on a fixed port, never
-# run beside each other; the files below hold independent tests and are split into single tests instead.
+# run beside each other; the files below hold independent tests and are split into single tests instead, but for
+# tests marked with one xdist_group (they share a costly module fixture), which stay one unit.
 SPLIT_FILES = ('tests/timm_suite/test_timm_models.py', 'tests/test_zoo.py', 'tests/test_core.py', 'tests/test_hub.py',
                'tests/test_docs.py')
 # rough seconds of a test on 2 cores, only to start the longest units first, so that the run does not end on one
@@ -108,7 +109,10 @@ def pytest_collection_modifyitems(config, items):
     units: Dict[str, List[pytest.Item]] = {}
     for item in items:
         path = item.nodeid.split('::')[0]
-        if path in SPLIT_FILES:
+        group = item.get_closest_marker('xdist_group')
+        if path in SPLIT_FILES and group:  # tests of a split file that share a module fixture: one unit
+            units.setdefault(f'{path}@{group.args[0]}', []).append(item)
+        elif path in SPLIT_FILES:
             units[item.nodeid] = [item]
         else:
             item.add_marker(pytest.mark.xdist_group(path))

@@ -280,14 +280,21 @@ def test_missing_repo_and_file_raise_hub_errors(mirror, tmp_path):
 
 
 _EVAL_CLIENT = """
-import json, sys, timm, timm_odevit
+import json, sys, traceback, timm, timm_odevit
 from timm_odevit_tools import data as fm
 from timm_odevit_tools.evaluate import evaluate
-model = timm.create_model(sys.argv[1], pretrained=True)
-r = evaluate(model, fm.load_tensors(fm.SAMPLE_DIR, model=model, cache_root=sys.argv[2]))
-print(json.dumps({'correct': r['correct'], 'n': r['n'], 'tag': model.pretrained_cfg.get('tag'),
-                  'input_size': list(model.pretrained_cfg['input_size'])}))
+for name in sys.argv[2:]:
+    try:
+        model = timm.create_model(name, pretrained=True)
+        r = evaluate(model, fm.load_tensors(fm.SAMPLE_DIR, model=model, cache_root=sys.argv[1]))
+        out = {'correct': r['correct'], 'n': r['n'], 'tag': model.pretrained_cfg.get('tag'),
+               'input_size': list(model.pretrained_cfg['input_size'])}
+    except Exception:
+        out = {'error': traceback.format_exc()}
+    print(json.dumps(dict(out, name=name)), flush=True)
 """
+# the untagged name first: nothing an earlier download did in the interpreter can help it resolve
+UNTAGGED_DEFAULT = 'ssog_ode_small'
 
 
 def _sample_counts(card: str) -> Tuple[int, int]:
@@ -305,32 +312,46 @@ def _card_sample_top1(repo: str) -> Tuple[int, int]:
     return _sample_counts(card)
 
 
-def _eval_through_mirror(mirror, name: str, hf_home: Path) -> Dict:
-    out = subprocess.run([sys.executable, '-c', _EVAL_CLIENT, name, str(hf_home / 'data')],
-                         env=hub_env(mirror.url, str(hf_home)),
-                         capture_output=True, text=True, timeout=600, cwd=str(hf_home))
-    assert out.returncode == 0, out.stderr[-3000:]
-    return json.loads(out.stdout.strip().splitlines()[-1])
+@pytest.fixture(scope='module')
+def mirror_top1(mirror, tmp_path_factory) -> Dict[str, Dict]:
+    """Every published weight and the untagged default, each created by name from the mirror and scored on the
+    sample, in one client interpreter (one start, one sample cache): name -> its result, or its traceback."""
+    hf_home = tmp_path_factory.mktemp('hf_top1')
+    names = [UNTAGGED_DEFAULT] + REPOS
+    out = subprocess.run([sys.executable, '-c', _EVAL_CLIENT, str(hf_home / 'data')] + names,
+                         env=hub_env(mirror.url, str(hf_home)), capture_output=True, text=True, timeout=1200,
+                         cwd=str(hf_home))
+    results = {r['name']: r for r in map(json.loads, re.findall(r'^\{.*\}$', out.stdout, flags=re.M))}
+    assert list(results) == names, out.stderr[-3000:]
+    return results
 
 
+def _top1(results: Dict[str, Dict], name: str) -> Dict:
+    assert 'error' not in results[name], results[name].get('error')
+    return results[name]
+
+
+# one unit for the test scheduler (tests/conftest.py): the tests share the fixture's one interpreter
 @pytest.mark.slow
+@pytest.mark.xdist_group('mirror_top1')
 @pytest.mark.parametrize('repo', REPOS)
-def test_card_top1_reproduces_through_mirror(repo, mirror, tmp_path):
+def test_card_top1_reproduces_through_mirror(repo, mirror_top1):
     """Each published weight, downloaded from the mirror by name, scores on the sample what its card says."""
     correct, n = _card_sample_top1(repo)
-    r = _eval_through_mirror(mirror, repo, tmp_path)
+    r = _top1(mirror_top1, repo)
     assert (r['correct'], r['n']) == (correct, n)
     assert r['tag'] == repo.split('.', 1)[1]
 
 
 @pytest.mark.slow
-def test_untagged_name_with_pretrained_loads_the_published_tag(mirror, tmp_path):
+@pytest.mark.xdist_group('mirror_top1')
+def test_untagged_name_with_pretrained_loads_the_published_tag(mirror_top1):
     """create_model('ssog_ode_small', pretrained=True) works: the only published tag of that arch is loaded."""
-    repo = next(r for r in REPOS if r.split('.')[0] == 'ssog_ode_small')
-    r = _eval_through_mirror(mirror, 'ssog_ode_small', tmp_path)
+    repo = next(r for r in REPOS if r.split('.')[0] == UNTAGGED_DEFAULT)
+    r = _top1(mirror_top1, UNTAGGED_DEFAULT)
     assert r['tag'] == repo.split('.', 1)[1]
     assert (r['correct'], r['n']) == _card_sample_top1(repo)
-    plain = timm.create_model('ssog_ode_small')  # without pretrained: still the architecture's 224-px default
+    plain = timm.create_model(UNTAGGED_DEFAULT)  # without pretrained: still the architecture's 224-px default
     assert (plain.num_classes, plain.in_chans) == (1000, 3)
 
 

@@ -50,8 +50,9 @@ def test_slow_marks_in_the_files_deselect_their_tests():
 
 def test_workers_get_whole_files_longest_first_and_split_files_test_by_test():
     """What an xdist worker collects (tests/conftest.py): the files not in SPLIT_FILES as one group each, so their
-    documented blocks and module fixtures stay on one worker; the longest units first."""
-    files = ['tests/test_doc_commands.py', 'tests/test_tiers.py', 'tests/test_zoo.py']
+    documented blocks and module fixtures stay on one worker, and so do a split file's tests marked with one
+    xdist_group; the longest units first."""
+    files = ['tests/test_doc_commands.py', 'tests/test_tiers.py', 'tests/test_zoo.py', 'tests/test_hub.py']
     r = subprocess.run([sys.executable, '-m', 'pytest', '-n', '0', '--collect-only', '-q', '-p', 'no:cacheprovider',
                         *files], capture_output=True, text=True, cwd=REPO_ROOT, timeout=600,
                        env={**os.environ, 'PYTEST_XDIST_WORKER': 'gw0'})
@@ -62,4 +63,9 @@ def test_workers_get_whole_files_longest_first_and_split_files_test_by_test():
     # whole files stay together; the split file's slow tests come before the small whole file, its fast ones after
     assert order.count('tests/test_doc_commands.py') == 1 and order.count('tests/test_tiers.py') == 1, order
     assert order.index('tests/test_tiers.py') > order.index('tests/test_zoo.py'), order
-    assert ids[-1].startswith('tests/test_zoo.py::'), order
+    assert ids[-1].startswith(('tests/test_zoo.py::', 'tests/test_hub.py::')), order
+    # the published cards' tests share one interpreter (a module fixture): one unit, not spread over the run
+    shared = [i for i, t in enumerate(ids) if '::test_card_top1_reproduces_through_mirror[' in t
+              or '::test_untagged_name_with_pretrained_loads_the_published_tag' in t]
+    assert len(shared) > 2 and shared == list(range(shared[0], shared[-1] + 1)), shared
+    assert {i.split('::')[0] for i in ids[:shared[0]]} == {'tests/test_doc_commands.py'}, ids[:shared[0]][-3:]
