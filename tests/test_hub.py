@@ -660,6 +660,24 @@ def test_card_gives_an_ode_weights_top1_against_the_solver(monkeypatch):
     assert f'top-1 {metrics[rk4]["top1"]:.2f}%' in measured[rk4] and metrics[rk4]['command'] in measured[rk4]
 
 
+@pytest.mark.slow
+def test_remeasure_keeps_a_cards_solver_table_unless_told(tmp_path, monkeypatch):
+    """`hub remeasure` without --solver-table keeps the table a card has; --no-solver-table drops it. (On the
+    sample's first 100 images, as above.)"""
+    from timm_odevit_tools.hub.__main__ import main as hub_main
+    load = fm.load_tensors
+    monkeypatch.setattr(fm, 'load_tensors', lambda *a, **k: tuple(t[:100] for t in load(*a, **k)))
+    name = next(r for r in REPOS if r.startswith(f'{UNTAGGED_DEFAULT}.'))
+    repo = tmp_path / 'weights' / name
+    shutil.copytree(WEIGHTS / name, repo)
+    assert '--data sample --solver rk4:' in (repo / 'README.md').read_text()
+    assert hub_main(['remeasure', str(repo), '--no-full']) == 0
+    card = (repo / 'README.md').read_text()
+    assert '--data sample --solver rk4:' in card and '/100)' in card  # measured again
+    assert hub_main(['remeasure', str(repo), '--no-full', '--no-solver-table']) == 0
+    assert '--solver rk4:' not in (repo / 'README.md').read_text()
+
+
 def test_every_published_ode_card_gives_top1_against_the_solver():
     """The cards of the published ODE weights carry their solver table (`hub remeasure --solver-table`)."""
     from timm_odevit.models.families import family_of

@@ -67,7 +67,8 @@ def main(argv: Optional[List[str]] = None) -> int:
                                          "re-render its card (its recipe kept) and config.json; weights untouched")
     r.add_argument('folder', help='e.g. weights/ssog_ode_tiny_patch4_32.fmnist')
     r.add_argument('--no-full', action='store_true', help='skip the full Fashion-MNIST test set')
-    r.add_argument('--solver-table', action='store_true', help=SOLVER_TABLE_HELP)
+    r.add_argument('--solver-table', action=argparse.BooleanOptionalAction, default=None,
+                   help=SOLVER_TABLE_HELP + '; --no-solver-table drops it (default: keep the card\'s)')
 
     m = sub.add_parser('manifest', help='rewrite <root>/MANIFEST.json from the files as they are')
     m.add_argument('--root', default='weights')

@@ -29,7 +29,8 @@ from timm_odevit.layers import DISCRETISATION_OPTIONS, ode_trunk
 from timm_odevit.models.pretrained import fmnist_input
 from ..train import PROG, checkpoint_args, is_training_command, model_from_checkpoint, read_checkpoint, recorded_args
 from .card import evaluate_command, model_card
-from .record import RECORD_FILE, eval_results, read_record, record_json, render_card, stage_record, weight_record
+from .record import (RECORD_FILE, eval_results, read_record, read_results, record_json, render_card, stage_record,
+                     weight_record)
 from .revisions import check_replaceable, source_line, weights_source
 from .verify import EXPORT_FIX, RepoError, sha256_file, verify_repo, write_manifest
 
@@ -216,13 +217,19 @@ def _solver_name(options: Optional[Dict[str, Any]]) -> Optional[str]:
     return f'{options["method"]}:{options["steps"]}' if options else None
 
 
-def remeasure(folder: str, full_test: bool = True, solvers: bool = False) -> Dict[str, Any]:
+def remeasure(folder: str, full_test: bool = True, solvers: Optional[bool] = None) -> Dict[str, Any]:
     """Re-measure a published folder and re-render its card, record and ``config.json``, the weights untouched: at
     the ODE solver its last training stage ran (its record's command), with the stages and description its record
-    states, and with ``solvers`` its top-1 against the solver (``measure``). For weights exported before the export
-    kept that solver, or after a change to how the model is built. Returns the folder and the top-1 figures."""
+    states, and with ``solvers`` its top-1 against the solver (``measure``; None: where the card has that table). For
+    weights exported before the export kept that solver, or after a change to how the model is built. Returns the
+    folder and the top-1 figures."""
     repo = Path(folder)
     before = read_record(repo)
+    if solvers is None:  # a re-render keeps what the card showed
+        try:  # without the table a card has the sample at two solvers at most: the registered and the default
+            solvers = len({r.metric_config for r in read_results(repo) if r.dataset_config == 'sample'}) > 2
+        except ValueError:
+            solvers = False  # a card without its model-index (rewritten by hand) shows no table to keep
     if not before['stages']:
         raise ValueError(f'{repo / RECORD_FILE} states no recipe to keep; re-export the checkpoint with '
                          f'`{EXPORT_FIX}`.')
