@@ -1164,6 +1164,12 @@ def test_a_weight_trained_again_leaves_the_version_before_loadable_at_its_revisi
         export_checkpoint(str(ckpt), 'fmnist', str(root), full_test=False)
     second = _commit(checkout, 'trained again')
     assert published_revision(folder) == second and [e['commit'] for e in revision_log(folder)] == [second, first]
+    # the folder checked out at its first revision (to export a run that started there): named by that revision
+    _git(checkout, 'checkout', first, '--', f'weights/{name}')
+    assert published_revision(folder) == first and weights.read_bytes() == first_bytes
+    check_replaceable(folder)  # the weights it holds stay at that revision
+    assert weights_source(str(weights)) == {'weights': str(weights), 'repo': name, 'revision': first}
+    _git(checkout, 'checkout', 'HEAD', '--', f'weights/{name}')
     assert files_at(root, name, first)['model.safetensors'] == first_bytes
     assert files_at(root, name, second[:12])['model.safetensors'] == weights.read_bytes() != first_bytes
     with pytest.raises(RevisionError, match='not in the git history'):

@@ -39,14 +39,27 @@ def _git(root: Path, *args: str, text: bool = True) -> Optional[Any]:
 
 
 def published_revision(folder: Path) -> Optional[str]:
-    """The commit that published ``folder``'s files as they are now: the last commit that changed the folder, when
-    the folder holds no uncommitted change; None outside a git checkout or for a folder with uncommitted files."""
+    """The commit that published ``folder``'s files as they are now: the last commit that changed the folder when it
+    holds no uncommitted change, else the newest commit whose folder held exactly these files (one checked out at an
+    earlier revision, ``git checkout <revision> -- <folder>``, to export a run that started from it); None outside a
+    git checkout or for files no commit of the folder held."""
     folder = Path(folder)
     status = _git(folder, 'status', '--porcelain', '--untracked-files=all', '--', '.')
-    if status is None or status.strip():
+    if status is None:
         return None
-    commit = (_git(folder, 'log', '-1', '--format=%H', '--', '.') or '').strip()
-    return commit or None
+    if not status.strip():
+        return (_git(folder, 'log', '-1', '--format=%H', '--', '.') or '').strip() or None
+    files = {p.relative_to(folder).as_posix(): _blob(p) for p in folder.rglob('*') if p.is_file()}
+    for commit in (_git(folder, 'log', '--format=%H', '--', '.') or '').split():
+        listing = (_git(folder, 'ls-tree', '-r', commit, '--', '.') or '').splitlines()
+        if {line.split('\t', 1)[1]: line.split()[2] for line in listing} == files:
+            return commit
+    return None
+
+
+def _blob(path: Path) -> Optional[str]:
+    """The id git gives ``path``'s bytes (what a commit holding the file names it by)."""
+    return (_git(path.parent, 'hash-object', '--', path.name) or '').strip() or None
 
 
 def check_replaceable(folder: Path) -> None:
@@ -54,7 +67,8 @@ def check_replaceable(folder: Path) -> None:
     never committed): they would be lost, where a committed version stays loadable at its revision. Outside a
     checkout (or in a folder git ignores) there is no history to keep versions in, and nothing is refused."""
     weights = Path(folder) / WEIGHTS_FILE
-    if weights.is_file() and _git(weights.parent, 'status', '--porcelain', '--', WEIGHTS_FILE):
+    if weights.is_file() and _git(weights.parent, 'status', '--porcelain', '--', WEIGHTS_FILE) and \
+            not _git(weights.parent, 'log', '-1', '--format=%H', f'--find-object={_blob(weights)}', '--', WEIGHTS_FILE):
         raise ValueError(f'{weights} holds weights that no commit keeps: exporting over them would lose them. Commit '
                          f'the folder (git add {folder} && git commit) to keep them loadable at their revision, or '
                          'delete it to discard them, then export again.')
