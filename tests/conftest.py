@@ -79,13 +79,40 @@ def pytest_configure(config):
         os.environ[SUITE_ENV] = str(fetch_timm_suite(suite_file()))
 
 
-# pytest-xdist (`--dist loadgroup --no-loadscope-reorder`, pyproject.toml) hands out work units in collection order,
-# the next one to whichever worker frees up. A unit is a whole file, so that its module fixtures (mirrors, virtual
-# environments, trained runs) are built once and its documented command blocks, some serving on a fixed port, never
-# run beside each other; the files below hold independent tests and are split into single tests instead, but for
-# tests marked with one xdist_group (they share a costly module fixture), which stay one unit.
+# pytest-xdist hands out work units (pyproject.toml: `-n 2 --no-loadscope-reorder`), in collection order, the next
+# one to whichever worker frees up; the units are ours (pytest_xdist_make_scheduler below). A unit is a whole file, so
+# that its module fixtures (mirrors, virtual environments, trained runs) are built once and its documented command
+# blocks, some serving on a fixed port, never run beside each other; the files below hold independent tests and are
+# split into single tests instead, but for the tests of SHARED_UNITS, which share a costly module fixture.
+# (xdist's own `--dist loadgroup` puts a test's `xdist_group` into a nodeid suffix by setting item._nodeid, which
+# pytest 9 ignores: every test was a unit of its own, each module fixture built on both workers.)
 SPLIT_FILES = ('tests/timm_suite/test_timm_models.py', 'tests/test_zoo.py', 'tests/test_core.py', 'tests/test_hub.py',
                'tests/test_docs.py')
+# test (nodeid without its parameters) of a split file -> the unit it shares
+SHARED_UNITS = {
+    'tests/test_hub.py::test_card_top1_reproduces_through_mirror': 'tests/test_hub.py@mirror_top1',
+    'tests/test_hub.py::test_untagged_name_with_pretrained_loads_the_published_tag': 'tests/test_hub.py@mirror_top1',
+}
+
+
+def work_unit(nodeid: str) -> str:
+    """The unit a test is scheduled in: its file, or in a split file the test itself or its SHARED_UNITS entry."""
+    path = nodeid.split('::')[0]
+    if path not in SPLIT_FILES:
+        return path
+    return SHARED_UNITS.get(nodeid.split('[')[0], nodeid)
+
+
+def pytest_xdist_make_scheduler(config, log):
+    from xdist.scheduler import LoadScopeScheduling
+
+    class WorkUnitScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return work_unit(nodeid)
+
+    return WorkUnitScheduling(config, log)
+
+
 # rough seconds of a test on 2 cores, only to start the longest units first, so that the run does not end on one
 # worker's long tail; timm's prune contract runs every tap of the model: minutes for the 23- and 35-layer paper
 # configurations at width 768 (docs/testing.md lists a full run's slowest tests)
@@ -108,14 +135,6 @@ def pytest_collection_modifyitems(config, items):
         return  # one process: collection order, each file's tests together
     units: Dict[str, List[pytest.Item]] = {}
     for item in items:
-        path = item.nodeid.split('::')[0]
-        group = item.get_closest_marker('xdist_group')
-        if path in SPLIT_FILES and group:  # tests of a split file that share a module fixture: one unit
-            units.setdefault(f'{path}@{group.args[0]}', []).append(item)
-        elif path in SPLIT_FILES:
-            units[item.nodeid] = [item]
-        else:
-            item.add_marker(pytest.mark.xdist_group(path))
-            units.setdefault(path, []).append(item)
+        units.setdefault(work_unit(item.nodeid), []).append(item)
     longest_first = sorted(units.values(), key=lambda unit: -sum(map(estimated_seconds, unit)))
     items[:] = [item for unit in longest_first for item in unit]

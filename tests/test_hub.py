@@ -81,6 +81,14 @@ def mirror():
         yield m
 
 
+@pytest.fixture()
+def sample_first_100(monkeypatch):
+    """Wherever the tools load test images, the bundled sample's first 100: for tests of what a card or record states,
+    not of the published figures (test_card_top1_reproduces_through_mirror checks those on all 1,000)."""
+    load = fm.load_tensors
+    monkeypatch.setattr(fm, 'load_tensors', lambda *a, **k: tuple(t[:100] for t in load(*a, **k)))
+
+
 def edit_record(repo: Path, edit: Callable[[Dict], None]) -> None:
     """Change a weights folder's record.json in place (``edit`` takes the record)."""
     path = Path(repo) / RECORD_FILE
@@ -331,9 +339,7 @@ def _top1(results: Dict[str, Dict], name: str) -> Dict:
     return results[name]
 
 
-# one unit for the test scheduler (tests/conftest.py): the tests share the fixture's one interpreter
 @pytest.mark.slow
-@pytest.mark.xdist_group('mirror_top1')
 @pytest.mark.parametrize('repo', REPOS)
 def test_card_top1_reproduces_through_mirror(repo, mirror_top1):
     """Each published weight, downloaded from the mirror by name, scores on the sample what its card says."""
@@ -344,7 +350,6 @@ def test_card_top1_reproduces_through_mirror(repo, mirror_top1):
 
 
 @pytest.mark.slow
-@pytest.mark.xdist_group('mirror_top1')
 def test_untagged_name_with_pretrained_loads_the_published_tag(mirror_top1):
     """create_model('ssog_ode_small', pretrained=True) works: the only published tag of that arch is loaded."""
     repo = next(r for r in REPOS if r.split('.')[0] == UNTAGGED_DEFAULT)
@@ -563,7 +568,7 @@ def test_export_and_push_dry_run(tmp_path):
 
 
 @pytest.mark.slow
-def test_export_in_half_precision_measures_the_stored_weights(tmp_path, monkeypatch):
+def test_export_in_half_precision_measures_the_stored_weights(tmp_path, monkeypatch, sample_first_100):
     """--dtype float16 stores half-size weights; the card's top-1 is measured on the values the file holds (what a
     user's float32 model loads), the card says so, and a push sends the same bytes back."""
     from safetensors.torch import load_file
@@ -601,7 +606,7 @@ def test_export_in_half_precision_measures_the_stored_weights(tmp_path, monkeypa
 
 
 @pytest.mark.slow
-def test_card_measures_an_ode_weight_also_at_its_architectures_default_solver():
+def test_card_measures_an_ode_weight_also_at_its_architectures_default_solver(sample_first_100):
     """An ODE weight trained on another grid than its architecture's default is measured as it is solved (what
     pretrained=True gives) and, on each test set, at that default too, with the command that reproduces each; the
     model is left solved as it came."""
@@ -625,13 +630,11 @@ def test_card_measures_an_ode_weight_also_at_its_architectures_default_solver():
 
 
 @pytest.mark.slow
-def test_card_gives_an_ode_weights_top1_against_the_solver(monkeypatch):
+def test_card_gives_an_ode_weights_top1_against_the_solver(sample_first_100):
     """With solvers=True (`hub export/remeasure --solver-table`) an ODE weight is also measured on the sample at each
     solver of solver_table, each with NFE and the command that reproduces it, the registered solver once; the model
     is left solved as it came. (On the sample's first 100 images: dopri5 on all 1,000 takes a minute.)"""
     from timm_odevit_tools.evaluate import evaluate
-    load = fm.load_tensors
-    monkeypatch.setattr(fm, 'load_tensors', lambda *a, **k: tuple(t[:100] for t in load(*a, **k)))
     from timm_odevit_tools.hub.card import model_card
     from timm_odevit_tools.hub.export import measure, solver_table
     assert solver_table(23) == ['euler:6', 'euler:12', 'euler:23', 'euler:46', 'midpoint:3', 'midpoint:6',
@@ -661,12 +664,10 @@ def test_card_gives_an_ode_weights_top1_against_the_solver(monkeypatch):
 
 
 @pytest.mark.slow
-def test_remeasure_keeps_a_cards_solver_table_unless_told(tmp_path, monkeypatch):
+def test_remeasure_keeps_a_cards_solver_table_unless_told(tmp_path, sample_first_100):
     """`hub remeasure` without --solver-table keeps the table a card has; --no-solver-table drops it. (On the
     sample's first 100 images, as above.)"""
     from timm_odevit_tools.hub.__main__ import main as hub_main
-    load = fm.load_tensors
-    monkeypatch.setattr(fm, 'load_tensors', lambda *a, **k: tuple(t[:100] for t in load(*a, **k)))
     name = next(r for r in REPOS if r.startswith(f'{UNTAGGED_DEFAULT}.'))
     repo = tmp_path / 'weights' / name
     shutil.copytree(WEIGHTS / name, repo)
@@ -715,7 +716,7 @@ def test_an_ode_tag_solves_as_its_weights_were_trained_by_every_route(tmp_path):
 
 
 @pytest.mark.slow
-def test_remeasure_rerenders_a_folder_at_the_solver_it_trained_with(tmp_path):
+def test_remeasure_rerenders_a_folder_at_the_solver_it_trained_with(tmp_path, sample_first_100):
     """`hub remeasure` re-measures a published folder at the solver its last stage trained with and re-renders its
     card, record (the stages kept) and config.json; the weights file keeps its bytes and the folder verifies. A
     folder whose record states no stage, or has no record, is refused, naming the fix."""
@@ -831,7 +832,7 @@ def _run_checkpoint(run: Path, argv: List[str], record: Optional[Dict] = None) -
 
 
 @pytest.mark.slow
-def test_export_of_a_next_stage_states_every_stage(tmp_path):
+def test_export_of_a_next_stage_states_every_stage(tmp_path, sample_first_100):
     """A run started from published weights (--initial-checkpoint) exports a card with each stage's recipe and command
     and the earlier weights named by hash; the budget adds the stages up and the matched table pairs twins whose
     stages are the same commands. Earlier weights missing or changed since the run started are refused; a checkpoint

@@ -1,6 +1,7 @@
 """tests/tiers.py: the slow marks reach the collected tests with the ids pytest gives bare cases, and the durations
 check names the fast tier's tests that break the time rule."""
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -50,8 +51,8 @@ def test_slow_marks_in_the_files_deselect_their_tests():
 
 def test_workers_get_whole_files_longest_first_and_split_files_test_by_test():
     """What an xdist worker collects (tests/conftest.py): the files not in SPLIT_FILES as one group each, so their
-    documented blocks and module fixtures stay on one worker, and so do a split file's tests marked with one
-    xdist_group; the longest units first."""
+    documented blocks and module fixtures stay on one worker, and so do a split file's tests that share a unit
+    (SHARED_UNITS); the longest units first."""
     files = ['tests/test_doc_commands.py', 'tests/test_tiers.py', 'tests/test_zoo.py', 'tests/test_hub.py']
     r = subprocess.run([sys.executable, '-m', 'pytest', '-n', '0', '--collect-only', '-q', '-p', 'no:cacheprovider',
                         *files], capture_output=True, text=True, cwd=REPO_ROOT, timeout=600,
@@ -69,3 +70,15 @@ def test_workers_get_whole_files_longest_first_and_split_files_test_by_test():
               or '::test_untagged_name_with_pretrained_loads_the_published_tag' in t]
     assert len(shared) > 2 and shared == list(range(shared[0], shared[-1] + 1)), shared
     assert {i.split('::')[0] for i in ids[:shared[0]]} == {'tests/test_doc_commands.py'}, ids[:shared[0]][-3:]
+
+
+def test_two_workers_run_each_whole_file_on_one_worker():
+    """Under the README's command (two xdist workers) every test of a file that is not split runs on the same worker,
+    as the scheduler in tests/conftest.py promises (xdist's own grouping had silently split every file)."""
+    files = ['tests/test_layers.py', 'tests/test_integrators.py']
+    r = subprocess.run([sys.executable, '-m', 'pytest', '-n', '2', '-v', '-p', 'no:cacheprovider', *files],
+                       capture_output=True, text=True, cwd=REPO_ROOT, timeout=600)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    ran = re.findall(r'^\[(gw\d+)\] .*?(?:PASSED|SKIPPED|XFAIL) (tests/\S+?)::', r.stdout, flags=re.M)
+    workers = {f: {w for w, g in ran if g == f} for f in files}
+    assert all(len(w) == 1 for w in workers.values()) and len(ran) > 10, (workers, r.stdout[-2000:])
