@@ -79,6 +79,15 @@ def pytest_configure(config):
         os.environ[SUITE_ENV] = str(fetch_timm_suite(suite_file()))
 
 
+@pytest.fixture()
+def sample_first_100(monkeypatch):
+    """Wherever the tools load test images, the bundled sample's first 100: for tests of what a card or record states,
+    not of the published figures (tests/test_hub.py's card top-1 through the mirror checks those on all 1,000)."""
+    from timm_odevit_tools import data as fm
+    load = fm.load_tensors
+    monkeypatch.setattr(fm, 'load_tensors', lambda *a, **k: tuple(t[:100] for t in load(*a, **k)))
+
+
 # pytest-xdist hands out work units (pyproject.toml: `-n 2 --no-loadscope-reorder`), in collection order, the next
 # one to whichever worker frees up; the units are ours (pytest_xdist_make_scheduler below). A unit is a whole file, so
 # that its module fixtures (mirrors, virtual environments, trained runs) are built once and its documented command

@@ -81,14 +81,6 @@ def mirror():
         yield m
 
 
-@pytest.fixture()
-def sample_first_100(monkeypatch):
-    """Wherever the tools load test images, the bundled sample's first 100: for tests of what a card or record states,
-    not of the published figures (test_card_top1_reproduces_through_mirror checks those on all 1,000)."""
-    load = fm.load_tensors
-    monkeypatch.setattr(fm, 'load_tensors', lambda *a, **k: tuple(t[:100] for t in load(*a, **k)))
-
-
 def edit_record(repo: Path, edit: Callable[[Dict], None]) -> None:
     """Change a weights folder's record.json in place (``edit`` takes the record)."""
     path = Path(repo) / RECORD_FILE

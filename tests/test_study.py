@@ -122,10 +122,7 @@ def test_elasticity_grid_and_nfe(study):
 
 
 @pytest.mark.slow
-def test_export_card_carries_measured_top1(study, tmp_path, monkeypatch):
-    # the bundled sample's first 100 images wherever images are loaded: the card states what was measured on them
-    load = fm.load_tensors
-    monkeypatch.setattr(fm, 'load_tensors', lambda *a, **k: tuple(t[:100] for t in load(*a, **k)))
+def test_export_card_carries_measured_top1(study, tmp_path, sample_first_100):
     root, runs, _ = study
     best = best_runs(root)
     assert set(best) == {r.arch for r in runs}
