@@ -267,3 +267,22 @@ def test_solver_robust_training_logs_the_penalty_and_keeps_the_training_grid(tmp
     assert results['nfe'] == 2  # validated on the model's own grid (2 Euler steps at depth 2), not a drawn one
     command = (out / 'command.txt').read_text()
     assert '--solvers euler:1,rk4:1 --accel-weight 0.1' in command
+
+
+def test_solver_robust_guidance_warns_of_jasmins_gradient_unless_detached():
+    """--solvers on a guided student with attention maps: JaSMin's gradient on a diverging drawn solve would be the
+    whole clipped update, so the command warns unless it is detached or off."""
+    from timm_odevit_tools.train.command import build_task, jasmin_on_drawn_solvers, parse_args
+    guided = ['--model', 'odevit_tiny_patch4_32', '--model-kwargs', 'depth=2', '--teacher', 'dense_vit_tiny_patch4_32',
+              '--teacher-kwargs', 'depth=2', 'in_chans=1']
+
+    def warning(*extra: str):
+        args = parse_args(guided + list(extra), files=False)
+        return jasmin_on_drawn_solvers(args, build_task(args, torch.device('cpu')))
+
+    assert '--jasmin-detach' in warning('--solvers', 'euler:2,rk4:1')
+    assert warning('--solvers', 'euler:2,rk4:1', '--jasmin-detach') is None
+    assert warning('--solvers', 'euler:2,rk4:1', '--jasmin-weight', '0') is None
+    assert warning() is None  # the training grid alone
+    alone = parse_args(['--model', 'odevit_tiny_patch4_32', '--solvers', 'euler:2'], files=False)
+    assert jasmin_on_drawn_solvers(alone, build_task(alone, torch.device('cpu'))) is None

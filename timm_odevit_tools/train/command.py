@@ -56,7 +56,7 @@ from .checkpoint import checkpoint_args, read_checkpoint, unreadable
 from .solvers import RandomSolvers, fixed_grid_solver
 
 __all__ = ['cli', 'guidance_summary', 'parse_args', 'build_task', 'distillation_options', 'format_command',
-           'is_training_command', 'main', 'read_summary', 'recorded_args', 'PROG']
+           'is_training_command', 'jasmin_on_drawn_solvers', 'main', 'read_summary', 'recorded_args', 'PROG']
 
 _logger = logging.getLogger('timm_odevit_tools.train')
 _console_logging = False
@@ -426,6 +426,22 @@ def build_task(args: argparse.Namespace, device: torch.device) -> torch.nn.Modul
     )
 
 
+def jasmin_on_drawn_solvers(args: argparse.Namespace, task: nn.Module) -> Optional[str]:
+    """A warning for ``--solvers`` with JaSMin's gradient on (a guided student with attention maps), else None.
+
+    On a drawn coarse solve that diverges, the attention maps of the last evaluation saturate and JaSMin's gradient
+    outgrows every other term's by two orders of magnitude (docs/training.md#solver-robust-training); clipped to
+    ``--clip-grad``, the update is then JaSMin's alone and the field never learns that solver."""
+    if not args.solvers or not isinstance(task, TrajectoryDistillationTask):
+        return None
+    if task.jasmin_weight <= 0 or task.jasmin_detach:
+        return None
+    return ('--solvers with JaSMin on the attention maps (--jasmin-weight > 0): on a coarse drawn solve that diverges '
+            "its gradient is hundreds of times the other terms' and, clipped, the whole update, so the field does not "
+            'learn that solver. Add --jasmin-detach (as ODE-ViT\'s released code) or --jasmin-weight 0 '
+            '(docs/training.md#solver-robust-training).')
+
+
 def input_stats(args: argparse.Namespace, data_cfg: Dict[str, Any]) -> Tuple[Tuple[float, ...], Tuple[float, ...]]:
     """Normalisation for the inputs: --mean/--std, else the model cfg's, else (grey Fashion-MNIST) the dataset's."""
     mean = tuple(args.mean) if args.mean else tuple(data_cfg['mean'])
@@ -765,6 +781,9 @@ def _train(argv: List[str]) -> Dict[str, Any]:
     if (args.solvers or args.accel_weight) and ode_trunk(model) is None:
         raise ValueError(f'--solvers and --accel-weight train an ODE trunk; {args.model} has none. Use them with an '
                          'odevit_* or ssog_ode_* model.')
+    warning = jasmin_on_drawn_solvers(args, task)
+    if warning and primary:
+        _logger.warning(warning)
     data_cfg = _data_config(args, model)
     random_seed(args.seed, rank)  # per-rank randomness from here on (dropout, augmentation)
     ds_train, loader_train, loader_eval = _loaders(args, data_cfg, device, distributed, rank, world)
