@@ -37,6 +37,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     el.add_argument('--only', nargs='+', default=None, metavar='REPO',
                     help="measure only these weights (e.g. a re-exported one) and keep the others' rows from the "
                          "last elasticity.csv in --out-dir, which must be at the same solvers and --test-samples")
+    el.add_argument('--jobs', type=int, default=1,
+                    help="measure this many weights at once, each in its own process with an equal share of torch's "
+                         'threads (same rows as one process; the 10,000-image table is about 4 core-hours)')
     el.add_argument('--looped-as-ode', action='store_true',
                     help='also solve each published looped weight as its ODE twin (the same parameters; the same '
                          'function at the registered grid)')
@@ -65,7 +68,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     elif a.cmd == 'elasticity':
         from .study.elasticity import WEIGHTS_ELASTICITY_SOLVERS, write_weights_elasticity
         print(write_weights_elasticity(Path(a.root), Path(a.out_dir), a.solvers or WEIGHTS_ELASTICITY_SOLVERS,
-                                       a.test_samples, a.data_dir, a.only, a.looped_as_ode), end='')
+                                       a.test_samples, a.data_dir, a.only, a.looped_as_ode, a.jobs), end='')
     elif a.cmd == 'trajectory':
         from .study.guidance import write_weights_trajectory
         print(write_weights_trajectory(Path(a.root), Path(a.out_dir), a.test_samples, a.data_dir,

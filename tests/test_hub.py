@@ -1418,3 +1418,31 @@ def test_elasticity_only_remeasures_the_named_weights_and_keeps_the_rest(tmp_pat
     with pytest.raises(ValueError, match='measured on 16 test images, not 8'):
         write_weights_elasticity(root, out, ['euler:3', 'rk4:2'], only=[f'{archs[0]}.fmnist'], test_samples=8,
                                  data_dir=str(fm.SAMPLE_DIR))
+
+
+@pytest.mark.slow
+def test_elasticity_jobs_measures_each_weight_in_a_process_of_its_own(tmp_path, monkeypatch):
+    """--jobs 2 measures the weights in worker processes (the calling one loads none) and gives the table, csv and
+    row order that one process gives; fewer than one job is refused."""
+    from timm_odevit_tools.hub.export import export
+    import experiments.study.elasticity as elasticity
+    root = tmp_path / 'weights'
+    for arch in ('odevit_tiny_patch4_32', 'ssog_ode_tiny_patch4_32'):
+        export(timm.create_model(arch, num_classes=10, in_chans=1, depth=2), arch, 'fmnist', str(root))
+    kw = dict(test_samples=16, data_dir=str(fm.SAMPLE_DIR))
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as each of the two workers gets on 2 cores: the same sums, the same argmax on ties
+    try:
+        one = elasticity.write_weights_elasticity(root, tmp_path / 'one', ['euler:3', 'rk4:2'], **kw)
+    finally:
+        torch.set_num_threads(threads)
+
+    def load_here(name, *_):
+        raise AssertionError(f'{name} was loaded in the calling process')
+    monkeypatch.setattr(elasticity, '_load_weight', load_here)
+    monkeypatch.setattr(torch, 'get_num_threads', lambda: 2)
+    two = elasticity.write_weights_elasticity(root, tmp_path / 'two', ['euler:3', 'rk4:2'], jobs=2, **kw)
+    assert two == one and '| `ssog_ode_tiny_patch4_32.fmnist` |' in two
+    assert (tmp_path / 'two' / 'elasticity.csv').read_text() == (tmp_path / 'one' / 'elasticity.csv').read_text()
+    with pytest.raises(ValueError, match='jobs=0'):
+        elasticity.write_weights_elasticity(root, tmp_path / 'two', ['euler:3'], jobs=0, **kw)

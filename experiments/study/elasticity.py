@@ -42,14 +42,14 @@ def write_elasticity(root: Path, solvers: Sequence[str], test_samples: int = 200
                     yield (arch, run_path.name.rsplit('seed', 1)[1],
                            model_from_checkpoint(str(run_path / 'last.pth.tar'), pretrained_cfg=FMNIST_CFG))
     title = f'trained with {", ".join(STUDY_PAIRS["ode"].model_kwargs) or "the default grid"}'
-    return _write(models(), solvers, test_samples, None, root, title,
+    return _write(_measure(models(), solvers, test_samples, None), root, title,
                   f'No finished ODE runs under {root / "runs"}: run '
                   f'`python -m experiments.study run --out-dir {root}`.')
 
 
 def write_weights_elasticity(root: Path, out_dir: Path, solvers: Sequence[str], test_samples: int = 2000,
                              data_dir: Optional[str] = None, only: Optional[Sequence[str]] = None,
-                             looped_as_ode: bool = False) -> str:
+                             looped_as_ode: bool = False, jobs: int = 1) -> str:
     """Evaluate every published ODE weight under ``root`` (``<arch>.<tag>`` folders, loaded as timm loads them, with
     ``local-dir:``) under each ``solvers`` entry, on the first ``test_samples`` test images; writes under
     ``out_dir`` and returns a Markdown table.
@@ -59,9 +59,12 @@ def write_weights_elasticity(root: Path, out_dir: Path, solvers: Sequence[str], 
     rerun without ``only``).
 
     ``looped_as_ode``: also solve each published looped weight as its ODE twin (the same parameters; at the
-    registered grid, h = 1, the same function), a row named ``<looped weights> as <ODE architecture>``."""
-    import timm
-    import timm_odevit  # noqa: F401  (registers the architectures config.json names)
+    registered grid, h = 1, the same function), a row named ``<looped weights> as <ODE architecture>``.
+
+    ``jobs``: measure that many weights at once, each in a process of its own with an equal share of torch's threads;
+    the same rows in the same order as one process gives."""
+    if jobs < 1:
+        raise ValueError(f'jobs={jobs}: give the number of weights to measure at once, 1 or more')
     from timm_odevit.models.families import family_of
     folders = [p for p in sorted(Path(root).iterdir()) if p.is_dir()]
     # (row name, folder, the ODE architecture a looped weight is solved as; None: the folder's own)
@@ -79,19 +82,49 @@ def write_weights_elasticity(root: Path, out_dir: Path, solvers: Sequence[str], 
         kept = _kept_rows(Path(out_dir), [n for n, p, _ in entries if p.name not in only], names, solvers,
                           test_samples)
         entries = [e for e in entries if e[1].name in only]
-
-    def models() -> Iterable[Tuple[str, str, nn.Module]]:
-        for name, folder, ode in entries:
-            if ode is None:
-                yield name, '', timm.create_model(f'local-dir:{folder.resolve()}', pretrained=True)
-            else:  # as local-dir: would build the looped model, with the ODE architecture in its place
-                config = json.loads((folder / CONFIG_FILE).read_text())
-                weights = str(folder.resolve() / WEIGHTS_FILE)
-                yield name, '', timm.create_model(ode, pretrained=True, **config.get('model_args', {}),
-                                                  pretrained_cfg=dict(config['pretrained_cfg'], file=weights))
     Path(out_dir).mkdir(parents=True, exist_ok=True)
-    return _write(models(), solvers, test_samples, data_dir, Path(out_dir), 'published weights',
+    if jobs > 1 and len(entries) > 1:
+        rows = _measure_in_processes(entries, solvers, test_samples, data_dir, jobs)
+    else:
+        rows = _measure((_load_weight(*e) for e in entries), solvers, test_samples, data_dir)
+    return _write(rows, Path(out_dir), 'published weights',
                   f'No ODE weights under {root}: export one with `{EXPORT_FIX} --root {root}`.', kept, names)
+
+
+def _load_weight(name: str, folder: Path, ode: Optional[str]) -> Tuple[str, str, nn.Module]:
+    """(row name, seed, model) for one published weight, loaded as timm loads it; ``ode``: the ODE architecture a
+    looped weight is solved as."""
+    import timm
+    import timm_odevit  # noqa: F401  (registers the architectures config.json names)
+    if ode is None:
+        return name, '', timm.create_model(f'local-dir:{folder.resolve()}', pretrained=True)
+    # as local-dir: would build the looped model, with the ODE architecture in its place
+    config = json.loads((folder / CONFIG_FILE).read_text())
+    weights = str(folder.resolve() / WEIGHTS_FILE)
+    return name, '', timm.create_model(ode, pretrained=True, **config.get('model_args', {}),
+                                       pretrained_cfg=dict(config['pretrained_cfg'], file=weights))
+
+
+def _measure_weight(entry: Tuple[str, Path, Optional[str]], solvers: Sequence[str], test_samples: int,
+                    data_dir: Optional[str], threads: int) -> List[Dict[str, object]]:
+    """One weight's rows, in a worker process of ``_measure_in_processes``."""
+    import torch
+    torch.set_num_threads(threads)
+    return _measure([_load_weight(*entry)], solvers, test_samples, data_dir)
+
+
+def _measure_in_processes(entries: Sequence[Tuple[str, Path, Optional[str]]], solvers: Sequence[str],
+                          test_samples: int, data_dir: Optional[str], jobs: int) -> List[Dict[str, object]]:
+    """``_measure`` of each entry in a pool of ``jobs`` processes, rows in the entries' order."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+    import torch
+    threads = max(1, torch.get_num_threads() // jobs)
+    # spawn, not fork: a child forked after torch's OpenMP pool started can hang at its first parallel op
+    spawn = multiprocessing.get_context('spawn')
+    with ProcessPoolExecutor(max_workers=min(jobs, len(entries)), mp_context=spawn) as pool:
+        parts = [pool.submit(_measure_weight, e, solvers, test_samples, data_dir, threads) for e in entries]
+        return [row for part in parts for row in part.result()]
 
 
 def _ode_twin(arch: str) -> Optional[str]:
@@ -133,11 +166,9 @@ def _kept_rows(out: Path, keep: Sequence[str], names: Sequence[str], solvers: Se
     return rows
 
 
-def _write(models: Iterable[Tuple[str, str, nn.Module]], solvers: Sequence[str], test_samples: int,
-           data_dir: Optional[str], out: Path, title: str, none_found: str,
-           kept: Sequence[Dict[str, object]] = (), order: Sequence[str] = ()) -> str:
-    """Measure ``models`` at each solver, add the ``kept`` rows (models in ``order``), write the csv,
-    figure and Markdown table under ``out``."""
+def _measure(models: Iterable[Tuple[str, str, nn.Module]], solvers: Sequence[str], test_samples: int,
+             data_dir: Optional[str]) -> List[Dict[str, object]]:
+    """The rows of elasticity.csv: each of ``models`` at each solver on the first ``test_samples`` test images."""
     from timm_odevit_tools import data as fm
     parsed = [parse_solver(s) for s in solvers]
     rows: List[Dict[str, object]] = []
@@ -154,6 +185,13 @@ def _write(models: Iterable[Tuple[str, str, nn.Module]], solvers: Sequence[str],
                 r = {'nfe': model.trunk.max_nfe, 'top1': math.nan}
             rows.append({'model': label, 'seed': seed, 'method': method, 'steps': steps,
                          'nfe': round(r['nfe']), 'images': len(images[size][1]), 'top1': round(r['top1'], 2)})
+    return rows
+
+
+def _write(rows: List[Dict[str, object]], out: Path, title: str, none_found: str,
+           kept: Sequence[Dict[str, object]] = (), order: Sequence[str] = ()) -> str:
+    """Add the ``kept`` rows to the measured ``rows`` (models in ``order``), write the csv, figure and Markdown
+    table under ``out``."""
     if not rows:
         raise FileNotFoundError(none_found)
     if kept:
