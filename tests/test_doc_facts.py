@@ -65,6 +65,34 @@ def test_hub_page_gives_the_ode_weights_loss_at_the_default_grid():
     assert want in _prose(DOCS / 'hub.md'), f'docs/hub.md should say the ODE tags score {want} at the default grid'
 
 
+# the README's solver claim, as it words it, and the table it cites (every published ODE weight, all test images)
+SOLVER_CLAIM = ('Euler at twice the training grid\'s steps, midpoint and RK4 at its cost and dopri5 solve their field '
+                'within a point of the grid; at half the cost Euler and midpoint stay within 2 points for all of them, '
+                'RK4 (3 steps) for the 23-step ones (the full test set;')
+FULL_TEST_ELASTICITY = REPO_ROOT / 'results' / 'weights' / 'full_test' / 'elasticity.csv'
+
+
+def test_readme_solver_claim_holds_for_every_published_ode_weight_on_the_full_test_set():
+    import csv
+    import json
+    assert SOLVER_CLAIM in _prose(README), 'the README reworded its solver claim: check it and SOLVER_CLAIM again'
+    rows = list(csv.DictReader(open(FULL_TEST_ELASTICITY, newline='')))
+    top1 = {(r['model'], r['method'], int(r['steps'])): float(r['top1']) for r in rows}
+    ode = sorted(p.name for p in WEIGHTS.iterdir() if (p / 'config.json').is_file()
+                 and p.name.startswith(('odevit_', 'ssog_ode_')))
+    assert ode and sorted({r['model'] for r in rows}) == ode and {r['images'] for r in rows} == {'10000'}
+    for repo in ode:
+        steps = json.loads((WEIGHTS / repo / 'config.json').read_text())['model_args'].get('ode_steps', 12)
+        grid = top1[repo, 'euler', steps]
+        # solvers by their NFE: midpoint spends 2 a step, RK4 4, rounded up to the table's step counts
+        within_1 = [('euler', 2 * steps), ('midpoint', -(-steps // 2)), ('rk4', -(-steps // 4)), ('dopri5', 0)]
+        within_2 = [('euler', -(-steps // 2)), ('midpoint', -(-steps // 4))] + ([('rk4', 3)] if steps == 23 else [])
+        for limit, solvers in ((1, within_1), (2, within_2)):
+            lost = {f'{m} {s}': round(grid - top1[repo, m, s], 2) for m, s in solvers
+                    if grid - top1[repo, m, s] > limit}
+            assert not lost, f'{repo}: more than {limit} point(s) under its grid ({grid}): {lost}'
+
+
 def test_readme_gives_the_published_guided_gaps_with_their_sign():
     from experiments.tables import guided_pairs, weight_facts
     prose = _prose(README)

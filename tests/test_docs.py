@@ -121,6 +121,8 @@ GENERATORS: Dict[str, Callable[[], str]] = {
         _elasticity('results/fmnist_study'),
     'python -m experiments.weights elasticity --root weights --looped-as-ode (writes results/weights/elasticity.md)':
         _elasticity('results/weights'),
+    'python -m experiments.weights elasticity --root weights --test-samples 10000 --out-dir results/weights/full_test '
+    '--jobs 2 (writes results/weights/full_test/elasticity.md)': _elasticity('results/weights/full_test'),
     'python -m experiments.weights trajectory --root weights (writes results/weights/trajectory.md)':
         _trajectory,
     'python -m experiments.study guidance-report (writes results/guidance/guidance.md)':
