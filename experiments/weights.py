@@ -39,7 +39,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                          "last elasticity.csv in --out-dir, which must be at the same solvers and --test-samples")
     el.add_argument('--jobs', type=int, default=1,
                     help="measure this many weights at once, each in its own process with an equal share of torch's "
-                         'threads (same rows as one process; the 10,000-image table took 3.5 core-hours on an AMD EPYC)')
+                         'threads (the rows of one process; 10,000 images took 3.5 core-hours on an AMD EPYC)')
     el.add_argument('--looped-as-ode', action='store_true',
                     help='also solve each published looped weight as its ODE twin (the same parameters; the same '
                          'function at the registered grid)')

@@ -180,7 +180,8 @@ TRAINING_GROUPS = {
                                     'looped_vit_tiny_patch4_32.fmnist', 'looped_ssog_tiny_patch4_32.fmnist'),
     '{epochs} epochs for the SSoG pair': ('ssog_ode_tiny_patch4_32.fmnist', 'ssog_ode_tiny_patch4_32.fmnist_distilled'),
     '{epochs} epochs for the ODE-ViT pair': ('odevit_tiny_patch4_32.fmnist', 'odevit_tiny_patch4_32.fmnist_distilled'),
-    'then four solver-robust stages (one epoch, three, two, then three); {epochs} epochs': ('ssog_ode_small.fmnist_64px',),
+    'then four solver-robust stages (one epoch, three, two, then three); {epochs} epochs':
+        ('ssog_ode_small.fmnist_64px',),
 }
 
 
